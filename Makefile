@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv first.
+SHELL := /bin/bash
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Python 3.12: from PATH first, then from pyenv.
+PY312 := $(shell command -v python3.12 2>/dev/null || \
+	(command -v pyenv >/dev/null && PYENV_VERSION=$$(pyenv versions --bare | grep -E '^3\.12' | tail -n 1) pyenv which python3.12 2>/dev/null))
+
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup test demo bench clean
+
+$(PYTHON):
+	@if [ -z "$(PY312)" ]; then echo "Python 3.12 not found on PATH or through pyenv; install it (pyenv install 3.12)"; exit 1; fi
+	$(PY312) -m venv $(VENV)
+
+$(STAMP): $(PYTHON) pyproject.toml
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/vla demo
+
+bench: setup
+	$(PYTHON) scripts/bench_tokenizers.py --out results/bench_tokenizers.json
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache

@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import action_tokenizers as at
+
+from .conftest import D, T
+
+
+def test_fixed_number_of_tokens(fsq_tok, heldout_chunks):
+    ids = fsq_tok.encode(heldout_chunks)
+    assert {len(r) for r in ids} == {5}  # ceil(10 / 2)
+    assert fsq_tok.vocab_size == 8 * 5 * 5 * 5
+
+
+@settings(max_examples=30, deadline=None)
+@given(ids=st.lists(st.integers(0, 999), min_size=5, max_size=5))
+def test_codes_indices_invariant(fsq_tok, ids):
+    assert fsq_tok.codes_roundtrip_ok(np.array([ids]))
+    out = fsq_tok.decode([ids])
+    assert out.valid.all() and np.isfinite(out.actions).all()
+    assert fsq_tok.encode(out.actions)[0] is not None
+
+
+def test_reconstruction_beats_half_the_std(fsq_tok, heldout_chunks):
+    out = fsq_tok.decode(fsq_tok.encode(heldout_chunks))
+    rmse = np.sqrt(np.mean((out.actions - heldout_chunks) ** 2))
+    assert rmse <= 0.5 * heldout_chunks.std()
+
+
+def test_fit_is_seeded(train_chunks):
+    kw = dict(hidden=16, depth=0, steps=20, show_progress=False)
+    a = at.FSQTokenizer.fit(train_chunks[:500], seed=3, **kw)
+    b = at.FSQTokenizer.fit(train_chunks[:500], seed=3, **kw)
+    assert a.encode(train_chunks[:50]) == b.encode(train_chunks[:50])
+
+
+def test_shape_must_match_the_fit(fsq_tok):
+    with pytest.raises(ValueError, match="time_horizon 12"):
+        fsq_tok.encode(np.zeros((12, D)))
+    with pytest.raises(ValueError, match="action_dim 3"):
+        fsq_tok.encode(np.zeros((T, 3)))
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="levels"):
+        at.FSQTokenizer.fit(np.zeros((4, T, D)), levels=[1, 5])
+    with pytest.raises(ValueError, match="downsample"):
+        at.FSQTokenizer.fit(np.zeros((4, T, D)), downsample=20)

@@ -1,0 +1,301 @@
+"""The one interface every action tokenizer implements, and the checks and file handling they share.
+
+A tokenizer maps normalised action chunks ``[B, T, D]`` (time_horizon T, action_dim D) to lists of integer ids in
+``[0, vocab_size)`` and back. Saved tokenizers are a directory holding ``action_tokenizer.json`` (the type, a
+format number and the options) plus whatever tensors the tokenizer needs as safetensors: nothing is executed on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from .constraint import Constraint
+
+CONFIG_NAME = "action_tokenizer.json"
+FORMAT_VERSION = 1
+DecodeMode = Literal["mark", "strict", "repair"]
+DECODE_MODES = ("mark", "strict", "repair")
+
+
+class DecodeError(ValueError):
+    """Raised by strict decoding: names the chunk and the reason it cannot be decoded."""
+
+    def __init__(self, index: int, reason: str):
+        self.index = index
+        self.reason = reason
+        super().__init__(
+            f"chunk {index}: {reason}. Decode with mode='mark' to get a validity flag per chunk instead, "
+            f"or mode='repair' to pad/truncate; constrained decoding (tok.constraint(...)) never produces this."
+        )
+
+
+@dataclass
+class DecodeResult:
+    """Decoded chunks plus a validity flag per chunk.
+
+    ``actions``: float ``[B, T, D]``. Rows whose ids were invalid are NaN in mode ``"mark"`` (so they cannot be
+    used by accident) and padded/truncated in mode ``"repair"``. ``valid[i]`` says whether ids ``i`` decoded as is;
+    ``errors[i]`` is the reason when not.
+    """
+
+    actions: np.ndarray
+    valid: np.ndarray
+    errors: list[str | None] = field(default_factory=list)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.actions if dtype is None else self.actions.astype(dtype)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    @property
+    def valid_rate(self) -> float:
+        return float(self.valid.mean()) if len(self.valid) else 1.0
+
+
+@dataclass
+class EncodeStats:
+    """What encoding had to change: values outside the representable range are clipped *and counted*."""
+
+    chunks: int = 0
+    values: int = 0
+    clipped: int = 0
+    dropped: int = 0  # byte-level FAST only: values the BPE model could not represent
+
+    @property
+    def clipped_rate(self) -> float:
+        return self.clipped / self.values if self.values else 0.0
+
+
+class ActionTokenizer(ABC):
+    """Base class: ``fit`` / ``encode`` / ``decode`` / ``constraint`` / ``save_pretrained``."""
+
+    name: ClassVar[str]  # registry name, e.g. "fast"
+
+    time_horizon: int | None
+    action_dim: int | None
+
+    def __init__(self) -> None:
+        self.encode_stats = EncodeStats()
+
+    # --- the interface -------------------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def fit(cls, chunks: np.ndarray, **options: Any) -> ActionTokenizer:
+        """Build a tokenizer from normalised chunks ``[N, T, D]``."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Ids are in ``[0, vocab_size)``."""
+
+    @abstractmethod
+    def encode(self, chunks: np.ndarray) -> list[list[int]]:
+        """``[T, D]`` or ``[B, T, D]`` normalised actions -> B lists of ids."""
+
+    @abstractmethod
+    def decode(
+        self,
+        ids: Sequence[Sequence[int]] | np.ndarray,
+        time_horizon: int | None = None,
+        action_dim: int | None = None,
+        mode: DecodeMode = "mark",
+    ) -> DecodeResult:
+        """B lists of ids -> ``DecodeResult`` with ``actions [B, T, D]`` and ``valid [B]``."""
+
+    @abstractmethod
+    def constraint(self, time_horizon: int | None = None, action_dim: int | None = None) -> Constraint:
+        """A state machine whose accepted sequences all decode to exactly ``[T, D]``."""
+
+    @abstractmethod
+    def _config(self) -> dict[str, Any]:
+        """JSON-serialisable options that, with ``_tensors``, rebuild this tokenizer."""
+
+    def _tensors(self) -> dict[str, np.ndarray]:
+        return {}
+
+    @classmethod
+    @abstractmethod
+    def _from_saved(cls, config: dict[str, Any], directory: Path) -> ActionTokenizer:
+        """Rebuild from ``_config()`` and the files ``_save_files`` wrote."""
+
+    def _save_files(self, directory: Path) -> None:
+        """Write extra files (tensors, BPE) into ``directory`` (a temporary one, renamed afterwards)."""
+
+    # --- shared behaviour ----------------------------------------------------------------------------------
+    def tokens_per_chunk(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        return np.array([len(row) for row in ids])
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Save atomically: everything is written to a temporary sibling, then renamed into place."""
+        config = {"type": self.name, "format_version": FORMAT_VERSION, **self._config()}
+        with atomic_directory(directory) as tmp:
+            write_json(tmp / CONFIG_NAME, config)
+            self._save_files(tmp)
+        return Path(directory)
+
+    def _resolve_shape(self, time_horizon: int | None, action_dim: int | None) -> tuple[int, int]:
+        t = time_horizon if time_horizon is not None else self.time_horizon
+        d = action_dim if action_dim is not None else self.action_dim
+        if t is None or d is None:
+            raise ValueError(
+                "time_horizon and action_dim are unknown: pass them, e.g. decode(ids, time_horizon=10, action_dim=7)"
+            )
+        if int(t) < 1 or int(d) < 1:
+            raise ValueError(f"time_horizon and action_dim must be positive, got {t} and {d}")
+        return int(t), int(d)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self._config().items() if not isinstance(v, (list, dict)))
+        return f"{type(self).__name__}({fields}, vocab_size={self.vocab_size})"
+
+
+# --- input checks ------------------------------------------------------------------------------------------
+def as_chunk_batch(
+    chunks: Any, *, time_horizon: int | None = None, action_dim: int | None = None, what: str = "chunks"
+) -> np.ndarray:
+    """Validate and return float64 ``[B, T, D]``; raise ``ValueError`` saying what is wrong and what to do."""
+    try:
+        arr = np.asarray(chunks, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what} must be a numeric array [T, D] or [B, T, D]: {err}") from None
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3:
+        raise ValueError(f"{what} must have shape [T, D] or [B, T, D], got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{what} is an empty batch (shape {arr.shape}); pass at least one chunk")
+    if arr.shape[1] == 0 or arr.shape[2] == 0:
+        raise ValueError(f"{what} has an empty time or action axis (shape {arr.shape})")
+    if not np.isfinite(arr).all():
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        raise ValueError(
+            f"{what} contains NaN or inf (first at chunk {bad[0]}, step {bad[1]}, dim {bad[2]}); "
+            "clean or drop those chunks before tokenizing"
+        )
+    if action_dim is not None and arr.shape[2] != action_dim:
+        raise ValueError(
+            f"{what} have action_dim {arr.shape[2]} but this tokenizer was fitted for action_dim {action_dim}; "
+            "fit a tokenizer on data with this many action dimensions"
+        )
+    if time_horizon is not None and arr.shape[1] != time_horizon:
+        raise ValueError(
+            f"{what} have time_horizon {arr.shape[1]} but this tokenizer was fitted for time_horizon "
+            f"{time_horizon}; cut chunks of {time_horizon} steps or fit a new tokenizer"
+        )
+    return arr
+
+
+def as_id_rows(ids: Any) -> list[np.ndarray]:
+    """Validate ids (a list of lists of ints, or a 2-D int array) and return one int64 array per chunk."""
+    if isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype != object:
+        raise ValueError("ids must be a batch (a list of id lists); wrap a single sequence as [ids]")
+    if len(ids) == 0:
+        raise ValueError("ids is an empty batch; pass at least one id sequence")
+    rows = []
+    for i, row in enumerate(ids):
+        if np.isscalar(row):
+            raise ValueError("ids must be a batch (a list of id lists); wrap a single sequence as [ids]")
+        arr = np.asarray(row)
+        if arr.size == 0:
+            rows.append(np.zeros(0, dtype=np.int64))
+            continue
+        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or _all_integral(arr)):
+            raise ValueError(f"ids[{i}] must be a flat sequence of integers, got {arr.dtype} of shape {arr.shape}")
+        rows.append(arr.astype(np.int64))
+    return rows
+
+
+def _all_integral(arr: np.ndarray) -> bool:
+    return np.issubdtype(arr.dtype, np.floating) and bool(np.all(np.mod(arr, 1) == 0))
+
+
+def check_mode(mode: str) -> None:
+    if mode not in DECODE_MODES:
+        raise ValueError(f"unknown decode mode {mode!r}; choose one of {', '.join(DECODE_MODES)}")
+
+
+def finish_decode(
+    actions: np.ndarray, valid: np.ndarray, errors: list[str | None], mode: str
+) -> DecodeResult:
+    """Apply the mode's policy to invalid rows: raise (strict), NaN them (mark) or keep the repair (repair)."""
+    if mode == "strict" and not valid.all():
+        first = int(np.flatnonzero(~valid)[0])
+        raise DecodeError(first, errors[first] or "invalid ids")
+    if mode == "mark" and not valid.all():
+        actions[~valid] = np.nan
+    return DecodeResult(actions=actions, valid=valid, errors=errors)
+
+
+# --- files -------------------------------------------------------------------------------------------------
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"{what}: {path} is missing; is this a directory written by save_pretrained?")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what}: {path} is corrupt ({err}); save the tokenizer again") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: {path} must hold a JSON object")
+    return data
+
+
+@contextmanager
+def atomic_directory(directory: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory beside ``directory``; on success it replaces ``directory`` in one rename.
+
+    On an exception nothing is left behind and an existing ``directory`` is untouched.
+    """
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; a saved model should not be
+        yield tmp
+        for path in tmp.rglob("*"):
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            os.rename(final, old / "x")
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file through a temporary name in the same directory, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,87 @@
+"""Per-dimension uniform binning (RT-2 / OpenVLA): one id per value, ``T x D`` ids per chunk.
+
+Vocabulary: ``n_bins`` ids; bin ``k`` covers ``[-1 + k w, -1 + (k + 1) w)`` with ``w = 2 / n_bins``.
+Round trip: values inside [-1, 1] come back within half a bin (``1 / n_bins``); values outside are clipped to
+the edge bin and counted in ``encode_stats``. Ids are flattened time-major (step 0's D values, then step 1's).
+Failure mode: a sequence of the wrong length or with an id >= n_bins is invalid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import ActionTokenizer, DecodeMode, DecodeResult, as_chunk_batch, as_id_rows, check_mode, finish_decode
+from .constraint import Constraint, fixed_length
+
+
+class BinningTokenizer(ActionTokenizer):
+    name: ClassVar[str] = "bin"
+
+    def __init__(self, n_bins: int = 256, time_horizon: int | None = None, action_dim: int | None = None):
+        super().__init__()
+        if not isinstance(n_bins, (int, np.integer)) or n_bins < 2:
+            raise ValueError(f"n_bins must be an integer >= 2, got {n_bins!r}")
+        self.n_bins = int(n_bins)
+        self.time_horizon = time_horizon
+        self.action_dim = action_dim
+
+    @classmethod
+    def fit(cls, chunks: np.ndarray, n_bins: int = 256) -> BinningTokenizer:
+        """Binning learns nothing from the data; ``fit`` checks it and records ``[T, D]``."""
+        arr = as_chunk_batch(chunks)
+        return cls(n_bins=n_bins, time_horizon=arr.shape[1], action_dim=arr.shape[2])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_bins
+
+    @property
+    def bin_centers(self) -> np.ndarray:
+        return -1.0 + (np.arange(self.n_bins) + 0.5) * (2.0 / self.n_bins)
+
+    def encode(self, chunks: np.ndarray) -> list[list[int]]:
+        arr = as_chunk_batch(chunks, action_dim=self.action_dim)
+        outside = (arr < -1.0) | (arr > 1.0)
+        self.encode_stats.chunks += arr.shape[0]
+        self.encode_stats.values += arr.size
+        self.encode_stats.clipped += int(outside.sum())
+        bins = np.floor((np.clip(arr, -1.0, 1.0) + 1.0) * (self.n_bins / 2.0)).astype(np.int64)
+        bins = np.minimum(bins, self.n_bins - 1)  # x == 1.0 falls in the last bin
+        return bins.reshape(arr.shape[0], -1).tolist()
+
+    def decode(
+        self, ids, time_horizon: int | None = None, action_dim: int | None = None, mode: DecodeMode = "mark"
+    ) -> DecodeResult:
+        check_mode(mode)
+        t, d = self._resolve_shape(time_horizon, action_dim)
+        rows = as_id_rows(ids)
+        n = t * d
+        out = np.full((len(rows), n), self.n_bins // 2, dtype=np.int64)  # repair pads with the middle bin
+        valid = np.ones(len(rows), dtype=bool)
+        errors: list[str | None] = [None] * len(rows)
+        for i, row in enumerate(rows):
+            bad = (row < 0) | (row >= self.n_bins)
+            if bad.any():
+                valid[i] = False
+                errors[i] = f"id {int(row[bad][0])} is outside [0, {self.n_bins})"
+                row = row[~bad]
+            if len(row) != n and valid[i]:
+                valid[i] = False
+                errors[i] = f"{len(row)} ids, expected {n} (= {t} x {d})"
+            out[i, : min(len(row), n)] = row[:n]
+        actions = self.bin_centers[out].reshape(len(rows), t, d)
+        return finish_decode(actions, valid, errors, mode)
+
+    def constraint(self, time_horizon: int | None = None, action_dim: int | None = None) -> Constraint:
+        t, d = self._resolve_shape(time_horizon, action_dim)
+        return fixed_length(self.n_bins, t * d)
+
+    def _config(self) -> dict[str, Any]:
+        return {"n_bins": self.n_bins, "time_horizon": self.time_horizon, "action_dim": self.action_dim}
+
+    @classmethod
+    def _from_saved(cls, config: dict[str, Any], directory: Path) -> BinningTokenizer:
+        return cls(config["n_bins"], config.get("time_horizon"), config.get("action_dim"))

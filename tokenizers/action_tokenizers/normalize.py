@@ -1,0 +1,126 @@
+"""Normalisers: raw actions (or states) <-> the normalised space tokenizers work in.
+
+* ``quantile``: q01 -> -1 and q99 -> +1 per dimension (the FAST paper's choice; robust to outliers).
+* ``mean_std``: (x - mean) / std.
+* ``identity``: unchanged.
+Normalising never clips, so it is exactly invertible (up to float rounding); tokenizers clip and count.
+A dimension whose range is (near) zero maps to 0 and back to its constant value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from .base import atomic_write_text, read_json
+
+NormMode = Literal["quantile", "mean_std", "identity"]
+NORM_MODES = ("quantile", "mean_std", "identity")
+_EPS = 1e-8
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    mode: str
+    offset: np.ndarray  # per-dimension value that maps to 0
+    scale: np.ndarray  # per-dimension half-range (quantile) or std (mean_std)
+
+    def __post_init__(self) -> None:
+        if self.mode not in NORM_MODES:
+            close = difflib.get_close_matches(str(self.mode), NORM_MODES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown normalisation mode {self.mode!r}{hint}; choose one of {', '.join(NORM_MODES)}")
+        offset = np.asarray(self.offset, dtype=np.float64).reshape(-1)
+        scale = np.asarray(self.scale, dtype=np.float64).reshape(-1)
+        if offset.shape != scale.shape:
+            raise ValueError(f"offset and scale must have the same length, got {offset.shape} and {scale.shape}")
+        if not (np.isfinite(offset).all() and np.isfinite(scale).all()):
+            raise ValueError("normaliser statistics contain NaN or inf; recompute the dataset statistics")
+        # A constant dimension would divide by zero: map it to 0 instead (and back to the constant).
+        scale = np.where(np.abs(scale) < _EPS, 1.0, scale)
+        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "scale", scale)
+
+    @property
+    def dim(self) -> int:
+        return len(self.offset)
+
+    # --- construction --------------------------------------------------------------------------------------
+    @classmethod
+    def identity(cls, dim: int) -> Normalizer:
+        return cls("identity", np.zeros(dim), np.ones(dim))
+
+    @classmethod
+    def from_stats(cls, stats: dict[str, Any], mode: str = "quantile") -> Normalizer:
+        """From one feature's entry of a LeRobot ``meta/stats.json`` (keys q01/q99 or mean/std)."""
+        need = {"quantile": ("q01", "q99"), "mean_std": ("mean", "std"), "identity": ("mean",)}.get(mode)
+        if need is None:
+            return cls(mode, np.zeros(1), np.ones(1))  # raises the unknown-mode error
+        missing = [k for k in need if k not in stats]
+        if missing:
+            raise ValueError(
+                f"stats lack {', '.join(missing)} needed for {mode!r} normalisation (have {sorted(stats)}); "
+                "recompute the dataset statistics or pick another mode"
+            )
+        if mode == "quantile":
+            lo, hi = np.asarray(stats["q01"], float), np.asarray(stats["q99"], float)
+            return cls(mode, (hi + lo) / 2, (hi - lo) / 2)
+        if mode == "mean_std":
+            return cls(mode, np.asarray(stats["mean"], float), np.asarray(stats["std"], float))
+        return cls.identity(np.asarray(stats["mean"]).size)
+
+    @classmethod
+    def fit(cls, x: np.ndarray, mode: str = "quantile") -> Normalizer:
+        """From raw data ``[..., D]``."""
+        flat = np.asarray(x, dtype=np.float64)
+        if flat.ndim < 1 or flat.size == 0:
+            raise ValueError("cannot fit a normaliser on empty data")
+        flat = flat.reshape(-1, flat.shape[-1])
+        if not np.isfinite(flat).all():
+            raise ValueError("cannot fit a normaliser on data with NaN or inf; clean the data first")
+        stats = {
+            "q01": np.quantile(flat, 0.01, axis=0),
+            "q99": np.quantile(flat, 0.99, axis=0),
+            "mean": flat.mean(axis=0),
+            "std": flat.std(axis=0),
+        }
+        return cls.from_stats(stats, mode)
+
+    # --- use -----------------------------------------------------------------------------------------------
+    def _check(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape[-1:] != (self.dim,):
+            raise ValueError(f"expected last dimension {self.dim}, got shape {x.shape}")
+        return x
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        return (self._check(x) - self.offset) / self.scale
+
+    def unnormalize(self, x: np.ndarray) -> np.ndarray:
+        return self._check(x) * self.scale + self.offset
+
+    # --- files ---------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format_version": 1, "mode": self.mode, "offset": self.offset.tolist(), "scale": self.scale.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Normalizer:
+        try:
+            return cls(data["mode"], np.asarray(data["offset"], float), np.asarray(data["scale"], float))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"normaliser data is incomplete or malformed ({err!r}); save it again") from None
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Normalizer:
+        return cls.from_dict(read_json(Path(path), "normaliser"))
