@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import action_tokenizers as at
+from action_tokenizers.synthetic import smooth_chunks
 
 from .conftest import D, T
 
@@ -23,10 +24,13 @@ def test_codes_indices_invariant(fsq_tok, ids):
     assert fsq_tok.encode(out.actions)[0] is not None
 
 
-def test_reconstruction_beats_half_the_std(fsq_tok, heldout_chunks):
-    out = fsq_tok.decode(fsq_tok.encode(heldout_chunks))
-    rmse = np.sqrt(np.mean((out.actions - heldout_chunks) ** 2))
-    assert rmse <= 0.5 * heldout_chunks.std()
+def test_reconstruction_beats_half_the_std_on_held_out_chunks():
+    """A small, briefly trained model already halves the error of predicting the mean on smooth 3-D chunks
+    (the default options on 20k [10, 7] chunks are measured by scripts/bench_tokenizers.py)."""
+    train, held = smooth_chunks(3000, T, 3, seed=0), smooth_chunks(300, T, 3, seed=1)
+    tok = at.FSQTokenizer.fit(train, hidden=32, depth=1, steps=200, lr=3e-3, show_progress=False)
+    out = tok.decode(tok.encode(held))
+    assert np.sqrt(np.mean((out.actions - held) ** 2)) <= 0.5 * held.std()
 
 
 def test_fit_is_seeded(train_chunks):

@@ -173,8 +173,9 @@ class FASTTokenizer(ActionTokenizer):
         return ids
 
     def _count_drops(self, ids: list[list[int]], expected: int) -> None:
-        lengths = np.array([len(s) for s in self.bpe.decode_batch(ids, skip_special_tokens=False)])
-        dropped = int(np.maximum(expected - lengths, 0).sum())
+        # A lost byte shows as a missing character, or as U+FFFD where it broke a multi-byte character.
+        texts = self.bpe.decode_batch(ids, skip_special_tokens=False)
+        dropped = sum(max(expected - len(t), 0) + t.count(chr(_REPLACEMENT)) for t in texts)
         if dropped:
             self.encode_stats.dropped += dropped
             warnings.warn(
