@@ -200,43 +200,69 @@ class FASTTokenizer(ActionTokenizer):
             raise ValueError("the BPE vocabulary lacks a single-symbol id for some coefficient; refit the tokenizer")
         return flat, offsets, lengths
 
-    def _symbols_char_level(self, rows: list[np.ndarray]) -> list[np.ndarray]:
-        flat, offsets, lengths = self._token_symbols
-        out = []
-        for row in rows:
-            lens = lengths[row]
-            # Position j of the output comes from token k = (which token covers j), at offset j - start_k.
-            starts = np.repeat(offsets[row] - np.cumsum(lens) + lens, lens)
-            out.append(flat[starts + np.arange(lens.sum())])
-        return out
+    def _decode_char_level(self, rows: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray, list]:
+        """Whole batch at once: look every id up, then cut the concatenated symbols back into rows.
 
-    def _symbols_byte_level(self, rows: list[np.ndarray]) -> list[np.ndarray]:
+        Returns (symbols [B, n] with rows padded/truncated for repair, valid [B], errors).
+        """
+        flat, offsets, lengths = self._token_symbols
+        b = len(rows)
+        counts = np.array([len(r) for r in rows])
+        ids = np.concatenate(rows) if counts.sum() else np.zeros(0, dtype=np.int64)
+        row_of = np.repeat(np.arange(b), counts)  # [I] which row each id belongs to
+        bad = (ids < 0) | (ids >= len(lengths))
+        bad_rows = np.unique(row_of[bad])
+        ids, row_of = ids[~bad], row_of[~bad]
+        lens = lengths[ids]  # [I] symbols per id
+        ends = np.cumsum(lens)
+        # Output position j of id k reads flat[offsets[k] + (j - start_k)], start_k its first position.
+        symbols_all = flat[np.repeat(offsets[ids] - (ends - lens), lens) + np.arange(ends[-1] if len(ends) else 0)]
+        per_row = np.bincount(row_of, weights=lens, minlength=b).astype(np.int64)  # [B] symbols per row
+        row_start = np.concatenate([[0], np.cumsum(per_row)[:-1]])
+        take = np.minimum(per_row, n)
+        pad = -self.min_token  # repair pads with coefficient 0
+        symbols = np.full((b, n), pad, dtype=np.int64)
+        cols = np.arange(n)
+        inside = cols[None, :] < take[:, None]  # [B, n]
+        symbols[inside] = symbols_all[(row_start[:, None] + cols[None, :])[inside]]
+        valid = per_row == n
+        errors: list[str | None] = [
+            None if ok else f"the ids spell {count} coefficients, expected {n}" for ok, count in zip(valid, per_row)
+        ]
+        for i in bad_rows:
+            valid[i] = False
+            errors[i] = f"id {int(rows[i][(rows[i] < 0) | (rows[i] >= len(lengths))][0])} is outside [0, {len(lengths)})"
+        return symbols, valid, errors
+
+    def _decode_byte_level(self, rows: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray, list]:
+        vocab_size = self.vocab_size
+        valid = np.ones(len(rows), dtype=bool)
+        errors: list[str | None] = [None] * len(rows)
+        for i, row in enumerate(rows):
+            bad = (row < 0) | (row >= vocab_size)
+            if bad.any():
+                valid[i], errors[i] = False, f"id {int(row[bad][0])} is outside [0, {vocab_size})"
+                rows[i] = row[~bad]
         texts = self.bpe.decode_batch([r.tolist() for r in rows], skip_special_tokens=False)
-        return [string_to_ints(t) for t in texts]
+        symbols = np.full((len(rows), n), -self.min_token, dtype=np.int64)
+        for i, text in enumerate(texts):
+            sym = string_to_ints(text)
+            if valid[i] and (sym == _REPLACEMENT).any():
+                valid[i], errors[i] = False, "the ids spell malformed UTF-8 (a token split a coefficient)"
+            if valid[i] and len(sym) != n:
+                valid[i], errors[i] = False, f"the ids spell {len(sym)} coefficients, expected {n}"
+            sym = sym[sym != _REPLACEMENT]
+            symbols[i, : min(len(sym), n)] = sym[:n]
+        return symbols, valid, errors
 
     def decode(
         self, ids, time_horizon: int | None = None, action_dim: int | None = None, mode: DecodeMode = "mark"
     ) -> DecodeResult:
         check_mode(mode)
         t, d = self._resolve_shape(time_horizon, action_dim)
-        n = t * d
         rows = as_id_rows(ids)
-        valid = np.ones(len(rows), dtype=bool)
-        errors: list[str | None] = [None] * len(rows)
-        for i, row in enumerate(rows):
-            bad = (row < 0) | (row >= self.vocab_size)
-            if bad.any():
-                valid[i], errors[i] = False, f"id {int(row[bad][0])} is outside [0, {self.vocab_size})"
-                rows[i] = row[~bad]
-        decoded = (self._symbols_byte_level if self.byte_level else self._symbols_char_level)(rows)
-        symbols = np.full((len(rows), n), -self.min_token, dtype=np.int64)  # repair pads with coefficient 0
-        for i, sym in enumerate(decoded):
-            if valid[i] and self.byte_level and (sym == _REPLACEMENT).any():
-                valid[i], errors[i] = False, "the ids spell malformed UTF-8 (a token split a coefficient)"
-            if valid[i] and len(sym) != n:
-                valid[i], errors[i] = False, f"the ids spell {len(sym)} coefficients, expected {n} (= {t} x {d})"
-            sym = sym[sym != _REPLACEMENT] if self.byte_level else sym
-            symbols[i, : min(len(sym), n)] = sym[:n]
+        decode_rows = self._decode_byte_level if self.byte_level else self._decode_char_level
+        symbols, valid, errors = decode_rows(rows, t * d)
         coef = (symbols + self.min_token).reshape(len(rows), t, d) / self.scale
         return finish_decode(idct(coef), valid, errors, mode)
 

@@ -1,0 +1,75 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from vla import compare
+
+KEYS = [
+    "tokens_per_chunk_mean", "tokens_per_chunk_p99", "compression", "rmse", "mae", "max_abs",
+    "encode_chunks_per_s", "decode_chunks_per_s", "vocab_used", "valid_rate_random", "valid_rate_constrained",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def result(tiny_dataset_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    res = compare.compare(
+        tiny_dataset_root,
+        out,
+        tokenizers="fast,fast-bytelevel,bin,fsq",
+        time_horizon=8,
+        heldout=0.25,
+        do_sweep=True,
+        n_random=100,
+        fit_options={"fsq": {"steps": 30, "hidden": 16, "depth": 0, "show_progress": False}},
+        log=lambda _: None,
+    )
+    return res, out
+
+
+def test_every_key_present_and_finite(result):
+    res, out = result
+    saved = json.loads((out / "compare.json").read_text())
+    assert set(saved["tokenizers"]) == {"fast", "fast-bytelevel", "bin", "fsq"}
+    for name, row in saved["tokenizers"].items():
+        for key in KEYS:
+            assert key in row and math.isfinite(row[key]), (name, key)
+    for png in ("rate_distortion.png", "per_dim_error.png", "token_lengths.png"):
+        assert (out / png).stat().st_size > 1000
+    assert "| fast |" in (out / "compare.md").read_text()
+
+
+def test_binning_compression_is_exactly_one(result):
+    assert result[0]["tokenizers"]["bin"]["compression"] == 1.0
+
+
+def test_constrained_sequences_always_decode(result):
+    for row in result[0]["tokenizers"].values():
+        assert row["valid_rate_constrained"] == 1.0
+
+
+def test_fast_error_falls_as_scale_rises(result):
+    curve = result[0]["sweep"]["fast"]
+    rmse = [p["rmse"] for p in sorted(curve, key=lambda p: p["scale"])]
+    assert all(a >= b for a, b in zip(rmse, rmse[1:])) and rmse[0] > rmse[-1]
+    tokens = [p["tokens_per_chunk_mean"] for p in sorted(curve, key=lambda p: p["scale"])]
+    assert tokens[0] < tokens[-1]
+
+
+def test_bad_input(tiny_dataset_root, tmp_path):
+    with pytest.raises(ValueError, match="did you mean 'fsq'"):
+        compare.compare(tiny_dataset_root, tmp_path, tokenizers="fqs")
+    with pytest.raises(ValueError, match="longer than every episode"):
+        compare.compare(tiny_dataset_root, tmp_path, tokenizers="bin", time_horizon=100_000)
+
+
+def test_default_horizon_is_capped_at_the_shortest_episode(tiny_dataset_root):
+    from vla.data import dataset_info
+
+    info = dataset_info(tiny_dataset_root)
+    messages = []
+    t = compare.default_time_horizon(info, messages.append)
+    assert t == min(info.fps, int(np.min(info.episode_lengths)))
+    assert bool(messages) == (info.fps > np.min(info.episode_lengths))
