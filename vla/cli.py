@@ -14,6 +14,10 @@ import sys
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("vla.sim.cli", "record demonstrations into a LeRobot dataset"),
+    "compare": ("vla.compare", "compare action tokenizers on a dataset"),
+    "train": ("vla.train", "train a policy from a config"),
+    "eval": ("vla.evaluate", "closed-loop evaluation of a trained policy"),
+    "demo": ("vla.demo", "record, fit, train and evaluate every tokenizer, then compare"),
 }
 
 

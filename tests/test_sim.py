@@ -1,0 +1,163 @@
+"""vla.sim: the Meta-World wrapper, the expert through the rollout helper, recording and its CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, ExpertPolicy, check_task, make_env, task_text
+from vla.sim.record import record
+from vla.sim.rollout import rollout
+
+
+def test_unknown_task_suggests_the_close_one():
+    with pytest.raises(ValueError, match="Did you mean 'push-v3'"):
+        check_task("pushh-v3")
+    with pytest.raises(ValueError, match="'pick-place-v3'"):
+        make_env("pick-place")
+    assert task_text("push-v3") == "push the puck to a goal"
+    assert task_text("made-up-task-v3") == "made up task"
+
+
+def test_reset_seeds_give_reproducible_distinct_layouts():
+    with make_env("push-v3") as env:
+        a = env.reset(TRAIN_SEED_START)
+        b = env.reset(TRAIN_SEED_START + 1)
+        again = env.reset(TRAIN_SEED_START)
+    assert a["observation.state"].shape == (39,) and a["observation.state"].dtype == np.float32
+    assert a["task"] == "push the puck to a goal"
+    np.testing.assert_array_equal(a["observation.state"], again["observation.state"])
+    assert not np.array_equal(a["observation.state"][-3:], b["observation.state"][-3:])  # goals differ
+
+
+def test_step_contract_and_bad_actions():
+    with make_env("reach-v3", max_steps=3) as env:
+        env.reset(0)
+        with pytest.raises(ValueError, match="float \\[4\\]"):
+            env.step(np.zeros(3))
+        with pytest.raises(ValueError, match="non-finite"):
+            env.step(np.array([0, 0, np.nan, 0]))
+        for _ in range(3):
+            obs, reward, done, info = env.step(np.zeros(4))
+        assert done and info["truncated"] and not info["success"] and isinstance(reward, float)
+        with pytest.raises(RuntimeError, match="call reset"):
+            env.step(np.zeros(4))
+
+
+def test_images_render_as_float_chw():
+    with make_env("push-v3", image_size=32) as env:
+        obs = env.reset(0)
+    image = obs["observation.images.corner2"]
+    assert image.shape == (3, 32, 32) and image.dtype == np.float32
+    assert 0.0 <= image.min() and image.max() <= 1.0 and image.std() > 0.01
+
+
+def test_expert_through_rollout_succeeds_on_eval_seeds():
+    report = rollout(ExpertPolicy("push-v3"), "push-v3", episodes=3)
+    assert report["seeds"] == [EVAL_SEED_START, EVAL_SEED_START + 1, EVAL_SEED_START + 2]
+    assert report["success_rate"] == 1.0
+    assert 20 < report["mean_length"] < 200 and report["mean_return"] > 0
+    assert len(report["successes"]) == len(report["returns"]) == len(report["lengths"]) == 3
+
+
+def test_rollout_reproduces_the_recording(tiny_dataset_root):
+    """The expert through the rollout helper, on the recording's seeds, does exactly what was recorded."""
+    from vla.data import dataset_info
+
+    recording = dataset_info(tiny_dataset_root).recording
+    attempts = recording["attempts"]
+    report = rollout(ExpertPolicy("push-v3"), "push-v3", episodes=attempts, seed_start=recording["seed_start"])
+    assert report["success_rate"] == pytest.approx(recording["expert_success_rate"])
+    kept = [length for length, ok in zip(report["lengths"], report["successes"]) if ok]
+    assert kept == recording["episode_lengths"]
+
+
+class RepeatChunk:
+    """A chunk policy: the expert's current action repeated ``horizon`` times, as a torch tensor."""
+
+    def __init__(self, horizon: int):
+        self.expert, self.horizon, self.resets = ExpertPolicy("push-v3"), horizon, 0
+
+    def __call__(self, obs):
+        import torch
+
+        return torch.from_numpy(np.repeat(self.expert(obs), self.horizon, axis=0))  # [T, 4]
+
+    def reset(self):
+        self.resets += 1
+
+
+def test_rollout_executes_n_action_steps_of_each_chunk():
+    expert = rollout(ExpertPolicy("push-v3"), "push-v3", episodes=2, seed_start=EVAL_SEED_START + 10)
+    policy = RepeatChunk(horizon=5)
+    replan_every_step = rollout(policy, "push-v3", episodes=2, seed_start=EVAL_SEED_START + 10, n_action_steps=1)
+    assert replan_every_step["lengths"] == expert["lengths"]  # only the first action of each chunk ran
+    assert policy.resets == 2
+    open_loop = rollout(RepeatChunk(horizon=5), "push-v3", episodes=2, seed_start=EVAL_SEED_START + 10)
+    assert open_loop["lengths"] != expert["lengths"]  # whole chunks ran: a different trajectory
+
+
+def test_rollout_rejects_malformed_policy_output():
+    with pytest.raises(ValueError, match=r"actions \[T, 4\]"):
+        rollout(lambda obs: np.zeros((2, 3)), "reach-v3", episodes=1, max_steps=5)
+    with pytest.raises(ValueError, match="n_action_steps"):
+        rollout(ExpertPolicy("reach-v3"), "reach-v3", episodes=1, n_action_steps=0)
+
+
+# -- recording -------------------------------------------------------------------------------------
+
+
+def test_record_refuses_existing_root_and_eval_seeds(tiny_dataset_root, tmp_path):
+    with pytest.raises(ValueError, match="already exists"):
+        record("push-v3", 1, tiny_dataset_root, progress=False)
+    with pytest.raises(ValueError, match="kept for evaluation"):
+        record("push-v3", 5, tmp_path / "ds", seed=EVAL_SEED_START - 3, progress=False)
+    with pytest.raises(ValueError, match="Did you mean 'reach-v3'"):
+        record("reach-v2", 1, tmp_path / "ds", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_recording_leaves_nothing(tmp_path):
+    # 5 steps are too few for the expert to push the puck anywhere: every attempt fails
+    with pytest.raises(ValueError, match="succeeded in only 0 of"):
+        record("push-v3", 1, tmp_path / "ds", max_steps=5, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupted_recording_leaves_nothing(tmp_path, monkeypatch):
+    from vla.sim import record as record_module
+
+    calls = []
+
+    def run_then_interrupt(*args, **kwargs):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    original = record_module.run_episode
+    monkeypatch.setattr(record_module, "run_episode", run_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        record("reach-v3", 3, tmp_path / "ds", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_keep_failed_records_flags(tmp_path):
+    summary = record("reach-v3", 2, tmp_path / "ds", max_steps=8, keep_failed=True, progress=False)
+    assert summary["episodes"] == 2 and summary["episode_lengths"] == [8, 8]
+    assert summary["episode_success"] == [False, False] and summary["expert_success_rate"] == 0.0
+
+
+def test_cli_records_and_prints_the_success_rate(tmp_path, capsys):
+    from vla.cli import main
+
+    root = tmp_path / "cli"
+    assert main(["data", "record", "--task", "reach-v3", "--episodes", "2", "--root", str(root), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "expert success rate: 100.0%" in out and "wrote 2 episodes" in out
+    assert (root / "meta" / "recording.json").is_file()
+    assert main(["data", "info", str(root)]) == 0
+    assert "2 episodes" in capsys.readouterr().out
+    assert main(["data", "record", "--task", "rech-v3", "--root", str(tmp_path / "x"), "--quiet"]) == 1
+    assert "Did you mean 'reach-v3'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,119 @@
+"""``vla data``: record demonstrations into a LeRobot dataset, and describe a dataset.
+
+    vla data record                                   # the demo's dataset: push-v3, 100 episodes, state only
+    vla data record --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128 --seed 0
+    vla data info DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vla.sim.metaworld_env import DEFAULT_CAMERA, DEFAULT_MAX_STEPS, TRAIN_SEED_START
+from vla.sim.record import (
+    DEFAULT_DATASET_ROOT,
+    DEFAULT_EPISODES,
+    DEFAULT_IMAGE_SIZE,
+    DEFAULT_TASK,
+    default_root,
+    record,
+)
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``data`` (with ``record`` and ``info``) to the ``vla`` command."""
+    data = subparsers.add_parser("data", help="record demonstrations into a LeRobot dataset; describe one")
+
+    def usage(args: argparse.Namespace) -> int:  # `vla data` alone
+        data.print_help()
+        return 2
+
+    data.set_defaults(func=usage)
+    sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+
+    rec = sub.add_parser(
+        "record",
+        help="record scripted-expert episodes from a simulator",
+        description="Record successful scripted-expert episodes into a new LeRobot v3.0 dataset. With no "
+        f"options: {DEFAULT_EPISODES} episodes of {DEFAULT_TASK}, state only, into {DEFAULT_DATASET_ROOT}.",
+    )
+    rec.add_argument("--env", default="metaworld", choices=["metaworld"], help="simulator (default: metaworld)")
+    rec.add_argument("--task", default=DEFAULT_TASK, help="Meta-World task, e.g. reach-v3 (default: %(default)s)")
+    rec.add_argument(
+        "--episodes", type=int, default=DEFAULT_EPISODES, help=f"episodes to keep (default: {DEFAULT_EPISODES})"
+    )
+    rec.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="output folder, which must not exist (default: outputs/datasets/metaworld_<task>[_images])",
+    )
+    rec.add_argument("--images", action="store_true", help="also record a camera image per step")
+    rec.add_argument(
+        "--image-size", type=int, default=DEFAULT_IMAGE_SIZE, help="square image side (default: %(default)s)"
+    )
+    rec.add_argument("--camera", default=DEFAULT_CAMERA, help=f"Meta-World camera (default: {DEFAULT_CAMERA})")
+    rec.add_argument(
+        "--seed",
+        type=int,
+        default=TRAIN_SEED_START,
+        help="first layout seed; episodes use seed, seed+1, ... (default: %(default)s)",
+    )
+    rec.add_argument(
+        "--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="step limit per episode (default: %(default)s)"
+    )
+    rec.add_argument(
+        "--keep-failed", action="store_true", help="keep failed episodes too (flagged in meta/recording.json)"
+    )
+    rec.add_argument("--overwrite", action="store_true", help="replace --root if it exists")
+    rec.add_argument("--quiet", action="store_true", help="no progress bar")
+    rec.set_defaults(func=_record)
+
+    info = sub.add_parser("info", help="describe a LeRobot dataset (episodes, features, recording)")
+    info.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
+    info.add_argument("--json", action="store_true", help="print the recording metadata as JSON too")
+    info.set_defaults(func=_info)
+
+
+def _record(args: argparse.Namespace) -> int:
+    root = args.root
+    if root is None:
+        root = DEFAULT_DATASET_ROOT if (args.task, args.images) == (DEFAULT_TASK, False) else default_root(
+            args.task, args.images
+        )
+    summary = record(
+        args.task,
+        args.episodes,
+        root,
+        images=args.images,
+        seed=args.seed,
+        image_size=args.image_size,
+        camera=args.camera,
+        max_steps=args.max_steps,
+        keep_failed=args.keep_failed,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    lengths = summary["episode_lengths"]
+    print(
+        f"expert success rate: {summary['expert_success_rate']:.1%} "
+        f"({summary['attempts'] - len(summary['failed_seeds'])} of {summary['attempts']} attempts)"
+    )
+    print(
+        f"wrote {summary['episodes']} episodes, {summary['frames']} frames "
+        f"(length min {min(lengths)}, mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)}) "
+        f"to {summary['root']} in {summary['seconds']:.1f} s"
+    )
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from vla.data import dataset_info
+
+    info = dataset_info(args.root)
+    print(info.describe())
+    if args.json and info.recording:
+        print(json.dumps(info.recording, indent=2))
+    return 0

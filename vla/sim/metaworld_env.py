@@ -1,0 +1,317 @@
+"""Meta-World MT1 tasks behind one small interface, and their scripted experts as chunk policies.
+
+The observation is a dict with the keys of a dataset sample (``vla.data``), unbatched:
+
+    "observation.state"            float32 [39]       Meta-World's goal-observable observation (see STATE_NAMES)
+    "observation.images.<camera>"  float32 [3, H, W]  RGB in [0, 1], only when ``image_size`` is set
+    "task"                         str                a short sentence, e.g. "push the puck to a goal"
+
+so a policy sees the same types in the simulator as in training. Actions are float [4]: the hand's
+xyz displacement and the gripper effort, each in [-1, 1] (Meta-World clips; so do we, before recording).
+
+Layouts: Meta-World's ``reset(seed=...)`` ignores the seed and MT1 holds only 50 fixed layouts, so the
+wrapper draws each layout from the env's own generator, seeded per episode (``reset(seed)``): every
+seed gives one reproducible layout, and distinct seeds give distinct layouts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import difflib
+import os
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco is imported (see vla/sim/__init__.py)
+
+# Seeds for training recordings count up from TRAIN_SEED_START, evaluation seeds from EVAL_SEED_START;
+# the gap is far larger than any recording, and `record` refuses to cross it.
+TRAIN_SEED_START = 0
+EVAL_SEED_START = 1_000_000
+
+ACTION_DIM = 4
+ACTION_NAMES = ["dx", "dy", "dz", "gripper"]
+# Meta-World's 39 observation values: this frame's 18, the previous frame's 18 (a velocity cue), the goal.
+_FRAME_NAMES = (
+    ["hand_x", "hand_y", "hand_z", "gripper_opening"]
+    + [f"obj0_{c}" for c in ("x", "y", "z", "qw", "qx", "qy", "qz")]
+    + [f"obj1_{c}" for c in ("x", "y", "z", "qw", "qx", "qy", "qz")]  # zeros for one-object tasks
+)
+STATE_NAMES = _FRAME_NAMES + [f"prev_{n}" for n in _FRAME_NAMES] + ["goal_x", "goal_y", "goal_z"]
+STATE_DIM = len(STATE_NAMES)  # 39
+
+DEFAULT_CAMERA = "corner2"
+DEFAULT_MAX_STEPS = 500  # Meta-World's own episode limit (max_path_length)
+# These cameras are mounted upside down in Meta-World's scene: rotate their images by 180 degrees.
+_UPSIDE_DOWN_CAMERAS = {"corner", "corner2", "corner3"}
+# corner2 frames the whole room, so at 128 px the puck is a few pixels: move it this many metres forward
+# along its own line of sight (same direction, closer) so the table fills the frame.
+_CAMERA_DOLLY_M = {"corner2": 0.4}
+
+
+def task_names() -> list[str]:
+    """Every Meta-World v3 task name, e.g. ``["assembly-v3", ..., "window-close-v3"]``."""
+    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+
+    return list(ALL_V3_ENVIRONMENTS)
+
+
+def check_task(task: str) -> str:
+    """Return ``task`` if Meta-World knows it; otherwise raise ValueError naming the closest names."""
+    names = task_names()
+    if task in names:
+        return task
+    close = difflib.get_close_matches(task, names, n=3, cutoff=0.5)
+    if not close and f"{task}-v3" in names:
+        close = [f"{task}-v3"]
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise ValueError(
+        f"unknown Meta-World task {task!r}.{hint} Known tasks: {', '.join(names)}."
+    )
+
+
+_TASK_TEXT: dict[str, str] | None = None
+
+
+def task_text(task: str) -> str:
+    """A short sentence for the task, e.g. ``push-v3`` -> ``"push the puck to a goal"``.
+
+    The sentences are the ones LeRobot ships for Meta-World (``lerobot/envs/metaworld_config.json``, read
+    as data: importing ``lerobot.envs`` costs seconds), lower-cased; unknown tasks fall back to the name
+    with ``-`` turned into spaces and the version dropped.
+    """
+    global _TASK_TEXT
+    if _TASK_TEXT is None:
+        _TASK_TEXT = _load_lerobot_task_text()
+    text = _TASK_TEXT.get(task)
+    if text:
+        return text[0].lower() + text[1:]
+    base = task[: -len("-v3")] if task.endswith("-v3") else task
+    return base.replace("-", " ")
+
+
+def _load_lerobot_task_text() -> dict[str, str]:
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("lerobot")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "envs" / "metaworld_config.json"
+        if path.is_file():
+            try:
+                return dict(json.loads(path.read_text()).get("TASK_DESCRIPTIONS", {}))
+            except (OSError, ValueError):
+                break
+    return {}
+
+
+class MetaWorldEnv:
+    """One Meta-World MT1 task (goal observable), reset per seed, optionally rendering one camera.
+
+    ``reset(seed) -> obs``; ``step(action) -> (obs, reward, done, info)`` where ``done`` is success or the
+    step limit, and ``info`` has ``success`` (bool) and ``truncated`` (bool). Close it (or use ``with``)
+    to release the renderer.
+    """
+
+    def __init__(
+        self,
+        task: str,
+        *,
+        image_size: int | None = None,
+        camera: str = DEFAULT_CAMERA,
+        max_steps: int = DEFAULT_MAX_STEPS,
+    ):
+        self.task = check_task(task)
+        self.task_text = task_text(self.task)
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        if image_size is not None and not 8 <= image_size <= 1024:
+            raise ValueError(f"image_size must be between 8 and 1024 pixels, got {image_size}")
+        self.max_steps = int(max_steps)
+        self.image_size = image_size
+        self.camera = camera
+        self.image_key = f"observation.images.{camera}"
+
+        from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
+
+        cls = ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE[f"{self.task}-goal-observable"]
+        try:
+            self._env = cls()
+        except ValueError as err:
+            if "broadcast" in str(err):  # metaworld 3.0.0 writes 11 weld parameters; mujoco >= 3.17 wants 12
+                import mujoco
+
+                raise RuntimeError(
+                    f"Meta-World 3.0.0 does not run on mujoco {mujoco.__version__}: install mujoco<3.17 "
+                    "(pip install 'mujoco>=3.8,<3.17')"
+                ) from err
+            raise
+        # Draw each layout from env.np_random (seeded in reset) instead of the frozen MT1 layout.
+        self._env._freeze_rand_vec = False
+        self._env.seeded_rand_vec = True
+        self._env.max_path_length = self.max_steps  # Meta-World raises past its own limit
+        self.fps = int(round(1.0 / self._env.dt))  # 80 Hz: 5 physics steps of 2.5 ms per action
+
+        self._renderer = None
+        if image_size is not None:
+            self._renderer = self._make_renderer(image_size)
+            _RENDERING_ENVS.add(self)
+        self._steps = 0
+        self._done = True
+        self.last_frame: np.ndarray | None = None  # uint8 [H, W, 3] behind the latest observation
+
+    # -- the interface ---------------------------------------------------------------------------
+
+    def reset(self, seed: int) -> dict[str, Any]:
+        """Start an episode on the layout of ``seed``; return the first observation."""
+        if seed is None or int(seed) < 0:
+            raise ValueError(f"reset needs a non-negative integer seed, got {seed!r}")
+        self._env.seed(int(seed))  # the layout comes from env.np_random (seeded_rand_vec above)
+        raw, _ = self._env.reset()
+        self._steps = 0
+        self._done = False
+        return self._observe(raw)
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
+        """Apply one action (float [4], clipped to [-1, 1]); return ``(obs, reward, done, info)``."""
+        if self._done:
+            raise RuntimeError("no episode is running (it ended, or never began): call reset(seed) first")
+        action = np.asarray(action, dtype=np.float64).reshape(-1)
+        if action.shape != (ACTION_DIM,):
+            raise ValueError(f"Meta-World actions are float [{ACTION_DIM}], got shape {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"action has non-finite values: {action}")
+        raw, reward, _, truncated, info = self._env.step(np.clip(action, -1.0, 1.0))
+        self._steps += 1
+        success = bool(info.get("success", 0.0))
+        truncated = bool(truncated) or self._steps >= self.max_steps
+        self._done = success or truncated
+        return self._observe(raw), float(reward), self._done, {"success": success, "truncated": truncated}
+
+    def close(self) -> None:
+        """Release the renderer (EGL contexts left to interpreter teardown print errors)."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+        self._env.close()
+
+    def __enter__(self) -> MetaWorldEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    @property
+    def raw_env(self):
+        """The underlying Meta-World environment (for what this wrapper does not cover)."""
+        return self._env
+
+    def render(self) -> np.ndarray:
+        """The camera image now, uint8 [H, W, 3] (what the dataset stores)."""
+        if self._renderer is None:
+            raise RuntimeError("this env renders nothing: make it with image_size=...")
+        self._renderer.update_scene(self._env.data, camera=self.camera)
+        image = self._renderer.render()  # uint8 [H, W, 3]
+        if self.camera in _UPSIDE_DOWN_CAMERAS:
+            image = image[::-1, ::-1]
+        return np.ascontiguousarray(image)
+
+    def _observe(self, raw: np.ndarray) -> dict[str, Any]:
+        obs: dict[str, Any] = {"observation.state": raw.astype(np.float32), "task": self.task_text}
+        if self._renderer is not None:
+            self.last_frame = self.render()  # uint8 [H, W, 3], what a recording stores
+            # -> float32 [3, H, W] in [0, 1], the layout LeRobot's dataset returns
+            obs[self.image_key] = self.last_frame.transpose(2, 0, 1).astype(np.float32) / 255.0
+        return obs
+
+    def _make_renderer(self, size: int):
+        import mujoco
+
+        model = self._env.model
+        cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, self.camera)
+        if cam_id < 0:
+            cams = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) for i in range(model.ncam)]
+            raise ValueError(f"unknown camera {self.camera!r}; this scene has {cams}")
+        # Software rendering costs 75-200 ms a frame with Meta-World's defaults and ~10 ms without
+        # anti-aliasing, shadows and reflections, which a 128 px policy image does not need.
+        model.vis.quality.offsamples = 0
+        model.light_castshadow[:] = 0
+        model.mat_reflectance[:] = 0
+        dolly = _CAMERA_DOLLY_M.get(self.camera, 0.0)
+        if dolly:
+            rot = np.zeros(9)
+            mujoco.mju_quat2Mat(rot, model.cam_quat[cam_id])
+            forward = -rot.reshape(3, 3)[:, 2]  # a MuJoCo camera looks along its -z axis
+            model.cam_pos[cam_id] = model.cam_pos[cam_id] + dolly * forward
+            mujoco.mj_forward(model, self._env.data)
+        try:
+            renderer = mujoco.Renderer(model, height=size, width=size)
+        except Exception as err:  # the GL library is missing or MUJOCO_GL names an unusable backend
+            raise RuntimeError(
+                f"MuJoCo cannot render offscreen (MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}): {err}. "
+                "Install a GL library (Debian: apt-get install libegl1 libgl1-mesa-dri for MUJOCO_GL=egl, "
+                "or libosmesa6 for MUJOCO_GL=osmesa), and set MUJOCO_GL before mujoco is first imported."
+            ) from err
+        global _close_hook_registered
+        if not _close_hook_registered:
+            atexit.register(_close_renderers)
+            _close_hook_registered = True
+        return renderer
+
+
+# Renderers left open are closed at exit while EGL still works; left to interpreter teardown, their
+# __del__ runs after EGL is gone and prints EGLError tracebacks. atexit runs hooks last-registered first,
+# and mujoco registers eglTerminate with its first GL context, so ours is registered after that.
+_RENDERING_ENVS: weakref.WeakSet[MetaWorldEnv] = weakref.WeakSet()
+_close_hook_registered = False
+
+
+def _close_renderers() -> None:
+    for env in list(_RENDERING_ENVS):
+        env.close()
+
+
+def make_env(
+    task: str,
+    *,
+    image_size: int | None = None,
+    camera: str = DEFAULT_CAMERA,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> MetaWorldEnv:
+    """A Meta-World task with the dataset's observation keys (images only when ``image_size`` is set)."""
+    return MetaWorldEnv(task, image_size=image_size, camera=camera, max_steps=max_steps)
+
+
+class ExpertPolicy:
+    """Meta-World's scripted expert for ``task`` as a chunk policy: ``obs -> actions float32 [1, 4]``.
+
+    It reads only ``obs["observation.state"]`` (the float32 state a dataset stores), so recording and
+    rollouts that feed it the same observations take the same actions. Actions are clipped to [-1, 1],
+    as Meta-World applies them.
+    """
+
+    def __init__(self, task: str):
+        from metaworld.policies import ENV_POLICY_MAP
+
+        self.task = check_task(task)
+        if self.task not in ENV_POLICY_MAP:
+            raise ValueError(f"Meta-World has no scripted expert for {self.task!r}")
+        self._expert = ENV_POLICY_MAP[self.task]()
+
+    def __call__(self, obs: dict[str, Any]) -> np.ndarray:
+        state = np.asarray(obs["observation.state"], dtype=np.float64)
+        with warnings.catch_warnings():
+            # The experts' P-controllers routinely ask for more than the [-1, 1] the env allows and warn
+            # each time; the clip below is the intended behaviour.
+            warnings.simplefilter("ignore")
+            action = self._expert.get_action(state)
+        return np.clip(action, -1.0, 1.0).astype(np.float32)[None]  # [1, 4]
+
+    def reset(self) -> None:
+        """The experts are memoryless; present for the rollout protocol."""
