@@ -1,0 +1,211 @@
+"""Decoding latency on CPU: KV cache vs full recomputation, constraint on vs off, for every tokenizer.
+
+    python scripts/bench_decode.py --out results/bench_decode.json [--presets tiny small] [--threads 1]
+
+One observation per chunk (batch 1, as on a robot): one 64/96 px camera, a 39-D state (Meta-World's), a short
+task. Weights are random (seed 0) and decoding is greedy (the policy's default), so the KV-cache and recomputation
+rows generate identical ids, and each unconstrained row decodes exactly as many steps as its constrained twin:
+latency differences are the cache's and the constraint's own. A row's latency covers what
+``VLAPolicy.predict_action_chunk`` does: build the prompt, prefill, decode, detokenise.
+
+``valid_rate`` is measured separately on a batch of chunks sampled at temperature 1 with the policy's default budget
+(the constraint's ``max_length + 1`` ids): random weights are the worst case for validity.
+
+``constraint_ms_per_step`` replays the generated ids through the constraint alone (mask gather, ``masked_fill``,
+advance), a noise-free measure of its cost next to the end-to-end difference ``constraint_overhead``.
+
+Output: ``{"meta": ..., "rows": [one per (preset, tokenizer, kv_cache, constrained)], "summary": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import action_tokenizers as at
+from action_tokenizers.synthetic import smooth_chunks
+from vla.decode import VocabConstraint, generate
+from vla.model import build_model
+from vla.sequence import SequenceLayout, VocabMap
+
+TASK = "push the puck to the goal"
+
+
+def fit_tokenizers(time_horizon: int, action_dim: int) -> dict[str, at.ActionTokenizer]:
+    chunks = smooth_chunks(2000, time_horizon, action_dim, seed=0)
+    return {
+        "fast": at.FASTTokenizer.fit(chunks, vocab_size=512),
+        "bin": at.BinningTokenizer.fit(chunks, n_bins=256),
+        "fsq": at.FSQTokenizer.fit(chunks, hidden=32, depth=1, steps=300, show_progress=False),
+    }
+
+
+def predict(model, layout, tok, constraint, images, state, *, kv: bool, max_new_tokens: int, t: int, d: int,
+            temperature: float = 0.0, generator=None):  # fmt: skip
+    """What predict_action_chunk does, minus normalisation: prompt -> ids -> chunk. Returns (generation, decoded)."""
+    prompt = layout.build_prefix([TASK] * len(state), state)
+    gen = generate(model, prompt, vocab=layout.vocab, constraint=constraint, images=images, use_cache=kv,
+                   max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)  # fmt: skip
+    return gen, gen.decode(tok, t, d)
+
+
+def generated_ids(gen, vocab: VocabMap) -> int:
+    """Ids generated for row 0 before its stop token (all of them when it never stopped)."""
+    row = gen.tokens[0].tolist()
+    stops = [k for k, t in enumerate(row) if t in (vocab.end_id, vocab.text.eos_id)]
+    return stops[0] if stops else len(row)
+
+
+def constraint_ms_per_step(constraint: VocabConstraint, tokens: torch.Tensor, reps: int = 200) -> float:
+    """The constraint's own work per step (mask gather, masked_fill, advance), replayed on a generated row."""
+    logits = torch.zeros(1, constraint.vocab.model_vocab_size)
+    row = tokens[0].tolist()
+    start = time.perf_counter()
+    for _ in range(reps):
+        states = [constraint.start()]
+        for token in row:
+            logits.masked_fill(~constraint.masks(states), float("-inf"))
+            constraint.advance_batch(states, torch.tensor([token]), [0])
+    return (time.perf_counter() - start) * 1000 / (reps * len(row))
+
+
+def bench_preset(preset: str, toks: dict, args) -> list[dict]:
+    rows = []
+    rng = np.random.default_rng(0)
+    for name, tok in toks.items():
+        vocab = VocabMap.compact(tok.vocab_size)
+        model = build_model(preset, vocab, num_cameras=1, seed=0).eval()
+        layout = SequenceLayout(vocab, image_tokens=model.image_tokens, num_cameras=1, max_prefix_len=256)
+        constraint = VocabConstraint(tok.constraint(args.time_horizon, args.action_dim), vocab)
+        state = rng.uniform(-1, 1, (1, args.state_dim))
+        images = torch.rand(1, 1, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(0))
+        shape = dict(t=args.time_horizon, d=args.action_dim)
+        # The constrained greedy run fixes the number of steps both constrained and free rows decode.
+        gen, _ = predict(model, layout, tok, constraint, images, state, kv=True,
+                         max_new_tokens=constraint.max_length + 1, **shape)  # fmt: skip
+        steps = gen.steps
+        constraint_ms = constraint_ms_per_step(constraint, gen.tokens)
+        prefix_len = int(layout.build_prefix([TASK], state).valid.sum())
+        validity = {}
+        for constrained in (True, False):
+            n = args.valid_chunks[preset]
+            sampled, out = predict(
+                model, layout, tok, constraint if constrained else None, images.expand(n, -1, -1, -1, -1),
+                rng.uniform(-1, 1, (n, args.state_dim)), kv=True, max_new_tokens=constraint.max_length + 1,
+                temperature=1.0, generator=torch.Generator().manual_seed(0), **shape,
+            )  # fmt: skip
+            validity[constrained] = (float(out.valid.mean()), float(np.mean(sampled.tokens_per_chunk)), n)
+        for kv in (True, False):
+            reps = args.reps[preset] if kv else max(2, args.reps[preset] // 2)
+            runs = {True: ([], [], []), False: ([], [], [])}  # constrained -> (times, tokens, valid)
+            for rep in range(reps + 1):  # the first run warms caches (allocator, constraint masks) and is dropped
+                for constrained in (True, False):  # interleaved, so load on a shared machine hits both alike
+                    start = time.perf_counter()
+                    budget = constraint.max_length + 1 if constrained else steps
+                    g, out = predict(model, layout, tok, constraint if constrained else None, images, state, kv=kv,
+                                     max_new_tokens=budget, **shape)  # fmt: skip
+                    elapsed = (time.perf_counter() - start) * 1000
+                    if rep:
+                        times, tokens, valid = runs[constrained]
+                        times.append(elapsed)
+                        tokens.append(generated_ids(g, layout.vocab))
+                        valid.append(bool(out.valid[0]))
+            for constrained in (True, False):
+                times, tokens, valid = runs[constrained]
+                rate, sampled_tokens, n = validity[constrained]
+                row = {
+                    "preset": preset,
+                    "tokenizer": name,
+                    "kv_cache": kv,
+                    "constrained": constrained,
+                    "latency_ms_p50": round(float(np.percentile(times, 50)), 2),
+                    "latency_ms_p95": round(float(np.percentile(times, 95)), 2),
+                    "tokens_per_chunk": float(np.mean(tokens)),
+                    "valid_rate": rate,
+                    "decode_steps": steps,
+                    "ms_per_step_p50": round(float(np.percentile(times, 50)) / steps, 3),
+                    "prefix_tokens": prefix_len,
+                    "reps": reps,
+                    "greedy_chunk_valid": float(np.mean(valid)),
+                    "valid_rate_chunks": n,
+                    "sampled_tokens_per_chunk": sampled_tokens,
+                    "params_m": round(model.num_parameters() / 1e6, 2),
+                    "constraint_ms_per_step": round(constraint_ms, 4),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per (preset, tokenizer): KV-cache speed-up over recomputation and the constraint's latency cost."""
+    out = []
+    key = lambda r: (r["preset"], r["tokenizer"])  # noqa: E731
+    for preset, name in dict.fromkeys(map(key, rows)):
+        get = {(r["kv_cache"], r["constrained"]): r for r in rows if key(r) == (preset, name)}
+        out.append({
+            "preset": preset,
+            "tokenizer": name,
+            "action_tokens": get[True, True]["tokens_per_chunk"],
+            "kv_speedup": round(get[False, True]["latency_ms_p50"] / get[True, True]["latency_ms_p50"], 2),
+            "constraint_overhead": round(get[True, True]["latency_ms_p50"] / get[True, False]["latency_ms_p50"] - 1, 3),
+            # the same, measured directly: the constraint's work per step over a cached decoding step
+            "constraint_share_of_step": round(
+                get[True, True]["constraint_ms_per_step"] / get[True, True]["ms_per_step_p50"], 4
+            ),
+            "valid_rate_constrained": get[True, True]["valid_rate"],
+            "valid_rate_free": get[True, False]["valid_rate"],
+        })  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--tokenizers", nargs="+", default=["fast", "bin", "fsq"])
+    parser.add_argument("--time-horizon", type=int, default=8)
+    parser.add_argument("--action-dim", type=int, default=4)
+    parser.add_argument("--state-dim", type=int, default=39)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--reps", type=int, default=None, help="timed runs per KV-cache row (recompute: half)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.reps = {p: args.reps or {"tiny": 20, "small": 6}.get(p, 3) for p in args.presets}
+    args.valid_chunks = {p: {"tiny": 200, "small": 24}.get(p, 8) for p in args.presets}
+    toks = {k: v for k, v in fit_tokenizers(args.time_horizon, args.action_dim).items() if k in args.tokenizers}
+    rows = [row for preset in args.presets for row in bench_preset(preset, toks, args)]
+    result = {
+        "meta": {
+            "device": "cpu",
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "time_horizon": args.time_horizon,
+            "action_dim": args.action_dim,
+            "state_dim": args.state_dim,
+            "cameras": 1,
+            "batch": 1,
+            "decoding": "greedy, random weights (seed 0); free rows decode as many steps as constrained ones",
+        },
+        "rows": rows,
+        "summary": summarise(rows),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(args.out)
+    for s in result["summary"]:
+        print(s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""The LeRobot policy: config validation, forward, chunks and the action queue, save/load, bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from lerobot.configs import PreTrainedConfig
+
+import action_tokenizers as at
+from action_tokenizers.synthetic import smooth_chunks
+from tests.test_sequence import D, T, fitted_tokenizers, write_gemma_like_tokenizer
+from vla.policy import VLAConfig, VLAPolicy, make_vla_pre_post_processors
+
+S = 5  # state dimension
+CAM = "observation.images.front"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def normalizers() -> tuple[at.Normalizer, at.Normalizer]:
+    """Raw actions are 3 * chunk + 1 (so normalising matters); raw states are standard normal."""
+    actions = 3.0 * smooth_chunks(200, T, D, seed=7) + 1.0
+    states = np.random.default_rng(0).standard_normal((200, S))
+    return at.Normalizer.fit(actions), at.Normalizer.fit(states)
+
+
+def make_policy(name: str = "fast", cameras: tuple[str, ...] = (), **overrides) -> VLAPolicy:
+    action_norm, state_norm = normalizers()
+    options = dict(preset="micro", time_horizon=T, n_action_steps=4, image_keys=list(cameras), device="cpu")
+    config = VLAConfig(**(options | {"init_seed": 0} | overrides))
+    return VLAPolicy(
+        config,
+        action_tokenizer=fitted_tokenizers()[name],
+        action_normalizer=action_norm,
+        state_normalizer=state_norm,
+    ).eval()
+
+
+def make_batch(b: int = 3, cameras: tuple[str, ...] = (), seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    batch = {
+        "observation.state": torch.randn(b, S, generator=g),
+        "task": ["pick up the cube", "push the puck", "open_the_drawer"][:b] + ["push"] * max(0, b - 3),
+        "action": torch.as_tensor(3.0 * smooth_chunks(b, T, D, seed=seed) + 1.0, dtype=torch.float32),
+        "action_is_pad": torch.zeros(b, T, dtype=torch.bool),
+    }
+    for cam in cameras:
+        batch[cam] = torch.rand(b, 3, 48, 48, generator=g)
+    return batch
+
+
+# --- config --------------------------------------------------------------------------------------------------
+def test_config_is_registered_and_carries_what_lerobot_needs():
+    assert PreTrainedConfig.get_choice_class("vla") is VLAConfig
+    config = VLAConfig(time_horizon=7, n_action_steps=3, device="cpu")
+    assert config.type == "vla"
+    assert config.action_delta_indices == list(range(7))
+    assert config.observation_delta_indices is None and config.reward_delta_indices is None
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    optimizer = config.get_optimizer_preset().build(params)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert config.get_scheduler_preset().build(optimizer, num_training_steps=10) is not None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"n_action_steps": 11, "time_horizon": 10}, "n_action_steps = 11"),
+        ({"preset": "tinny"}, "did you mean 'tiny'"),
+        ({"image_keys": ["front"]}, "observation.images.front"),
+        ({"top_p": 0.0}, "top_p = 0.0"),
+        ({"temperature": -1.0}, "temperature = -1.0"),
+        ({"dtype": "float16"}, "dtype = 'float16'"),
+        ({"backbone_path": "/x"}, "preset='paligemma-3b'"),
+        ({"action_norm_mode": "quantiles"}, "action_norm_mode"),
+    ],
+)
+def test_config_errors_name_the_value_and_the_fix(options, message):
+    with pytest.raises(ValueError, match=message):
+        VLAConfig(device="cpu", **options)
+
+
+def test_features_fill_in_and_must_agree():
+    config = VLAConfig(device="cpu", action_dim=4, state_dim=6, image_keys=[CAM])
+    config.validate_features()
+    assert config.input_features["observation.state"].shape == (6,)
+    assert config.input_features[CAM].shape == (3, 64, 64)
+    assert config.output_features["action"].shape == (4,)
+    config.image_keys = ["observation.images.frnt"]
+    with pytest.raises(ValueError, match="did you mean 'observation.images.front'"):
+        config.validate_features()
+
+
+# --- training and acting -------------------------------------------------------------------------------------
+def test_forward_gives_a_loss_and_metrics():
+    policy = make_policy(cameras=(CAM,)).train()
+    loss, metrics = policy.forward(make_batch(cameras=(CAM,)))
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert {"loss", "accuracy", "tokens_per_chunk", "action_pad_fraction"} <= set(metrics)
+    assert all(isinstance(v, float) for v in metrics.values())
+    loss.backward()
+    assert policy.model.backbone.lm_head.weight.grad is not None
+
+
+def test_predict_and_the_action_queue():
+    policy = make_policy(cameras=(CAM,))
+    batch = make_batch(b=2, cameras=(CAM,))
+    chunk = policy.predict_action_chunk(batch)
+    assert chunk.shape == (2, T, D) and chunk.dtype == torch.float32 and torch.isfinite(chunk).all()
+    info = policy.last_decode_info
+    assert info.valid.all() and len(info.tokens_per_chunk) == 2 and info.latency_ms > 0
+    assert info["valid"] is info.valid  # also readable as a mapping
+    policy.reset()
+    actions = [policy.select_action(batch) for _ in range(5)]  # n_action_steps = 4: a new chunk at call 5
+    assert policy.decode_stats.chunks == 2 + 2 * 2
+    for k in range(4):
+        torch.testing.assert_close(actions[k], chunk[:, k])  # greedy: the same chunk again
+    assert actions[4].shape == (2, D)
+    policy.reset()
+    assert len(policy._queue) == 0 and policy._previous_action is None
+
+
+@pytest.mark.parametrize("name", ["fast", "bin", "fsq"])
+def test_save_load_round_trip_gives_the_same_actions(name, tmp_path):
+    cameras = (CAM,) if name == "fast" else ()
+    policy = make_policy(name, cameras=cameras)
+    batch = make_batch(cameras=cameras)
+    before = policy.predict_action_chunk(batch)
+    policy.save_pretrained(tmp_path / "ckpt")
+    loaded = VLAPolicy.from_pretrained(tmp_path / "ckpt")
+    after = loaded.predict_action_chunk(batch)
+    assert torch.equal(before, after)
+    assert loaded.config.action_dim == D and loaded.config.state_dim == S
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert saved["type"] == "vla" and saved["time_horizon"] == T and saved["preset"] == "micro"
+    for key, value in policy.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key
+    files = {p.name for p in (tmp_path / "ckpt").iterdir()}
+    assert {"config.json", "model.safetensors", "action_tokenizer", "action_normalizer.json",
+            "state_normalizer.json", "backbone_config.json", "policy_preprocessor.json"} <= files  # fmt: skip
+    if name == "fast":  # sampling with the same seed also survives the round trip
+        for p in (policy, loaded):
+            p.config.temperature = 1.0
+        sampled = [p.predict_action_chunk(batch, generator=torch.Generator().manual_seed(1)) for p in (policy, loaded)]
+        assert torch.equal(*sampled)
+
+
+def test_save_is_atomic(tmp_path, monkeypatch):
+    policy = make_policy("bin")
+    target = tmp_path / "ckpt"
+    policy.save_pretrained(target)
+    before = sorted(p.name for p in target.iterdir())
+
+    def broken(directory):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(policy.action_tokenizer, "save_pretrained", broken)
+    with pytest.raises(OSError, match="disk full"):
+        policy.save_pretrained(target)
+    assert sorted(p.name for p in target.iterdir()) == before  # the old checkpoint is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # and no temporary folder is left behind
+
+
+def test_invalid_decodes_fall_back_and_are_counted(caplog):
+    """Constraint off and a 2-token budget: nothing decodes; the policy falls back, counts it and logs it."""
+    policy = make_policy("bin", constrained=False, max_action_tokens=2)
+    batch = make_batch(b=2)
+    with caplog.at_level(logging.WARNING, logger="vla.policy"):
+        chunk = policy.predict_action_chunk(batch)
+    zero = torch.as_tensor(policy.action_normalizer.unnormalize(np.zeros(D)), dtype=torch.float32)
+    assert torch.allclose(chunk, zero.expand(2, T, D))
+    assert policy.decode_stats.invalid == 2 and policy.decode_stats.fallback_zero == 2
+    assert not policy.last_decode_info.valid.any() and "did not decode" in caplog.text
+    policy._previous_action = torch.ones(2, D)  # as if select_action had executed an action
+    chunk = policy.predict_action_chunk(batch)
+    assert torch.equal(chunk, torch.ones(2, T, D)) and policy.decode_stats.fallback_previous == 2
+    assert policy.decode_stats.valid_rate == 0.0
+
+
+# --- bad input -----------------------------------------------------------------------------------------------
+def test_bad_observations_get_clear_errors():
+    policy = make_policy(cameras=(CAM,))
+    batch = make_batch(b=2, cameras=(CAM,))
+    missing_cam = {k: v for k, v in batch.items() if k != CAM} | {"observation.images.fron": batch[CAM]}
+    with pytest.raises(ValueError, match="lacks camera 'observation.images.front'.*did you mean"):
+        policy.predict_action_chunk(missing_cam)
+    with pytest.raises(ValueError, match="lacks 'observation.state'"):
+        policy.predict_action_chunk({k: v for k, v in batch.items() if k != "observation.state"})
+    with pytest.raises(ValueError, match="5-D state"):
+        policy.predict_action_chunk(batch | {"observation.state": torch.zeros(2, S + 1)})
+    with pytest.raises(ValueError, match="lacks 'task'"):
+        policy.predict_action_chunk({k: v for k, v in batch.items() if k != "task"})
+    with pytest.raises(ValueError, match="one per sample"):
+        policy.predict_action_chunk(batch | {"task": ["a", "b", "c"]})
+    with pytest.raises(ValueError, match=r"expected \[B=2, 3, H, W\]"):
+        policy.predict_action_chunk(batch | {CAM: torch.zeros(2, 48, 48, 3)})
+    with pytest.raises(ValueError, match=rf"expected \[B, {T}, {D}\]"):
+        policy.forward(batch | {"action": torch.zeros(2, T + 1, D)})
+
+
+def test_a_long_task_is_truncated_and_logged(caplog):
+    policy = make_policy(max_prefix_len=48)
+    batch = make_batch(b=1) | {"task": ["please " * 40]}
+    with caplog.at_level(logging.WARNING, logger="vla.sequence"):
+        chunk = policy.predict_action_chunk(batch)
+    assert torch.isfinite(chunk).all() and "too long" in caplog.text
+    assert policy.layout.stats.tasks_truncated == 1
+
+
+def test_mismatched_parts_are_refused():
+    action_norm, state_norm = normalizers()
+    tok = fitted_tokenizers()["fast"]
+    with pytest.raises(ValueError, match="action_dim disagrees"):
+        VLAPolicy(VLAConfig(preset="micro", device="cpu", action_dim=D + 1), action_tokenizer=tok,
+                  action_normalizer=action_norm, state_normalizer=state_norm)  # fmt: skip
+    with pytest.raises(ValueError, match="time_horizon"):
+        VLAPolicy(VLAConfig(preset="micro", device="cpu", time_horizon=T + 2), action_tokenizer=tok,
+                  action_normalizer=action_norm, state_normalizer=state_norm)  # fmt: skip
+
+
+# --- LeRobot's factory ---------------------------------------------------------------------------------------
+def test_lerobot_factory_path(tmp_path):
+    """Built the way LeRobot's make_policy does: tokenizer from a path, normalisers from the dataset stats."""
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    assert get_policy_class("vla") is VLAPolicy
+    fitted_tokenizers()["bin"].save_pretrained(tmp_path / "tok")
+    stats = {
+        "action": {"q01": torch.full((D,), -2.0), "q99": torch.full((D,), 4.0), "mean": torch.ones(D)},
+        "observation.state": {"q01": -torch.ones(S), "q99": torch.ones(S)},
+    }
+    config = VLAConfig(preset="micro", device="cpu", time_horizon=T, action_tokenizer_path=str(tmp_path / "tok"))
+    policy = get_policy_class("vla")(config=config, dataset_stats=stats, dataset_meta=None).eval()
+    assert policy.action_normalizer.mode == "quantile" and config.state_dim == S
+    pre, post = make_pre_post_processors(config, dataset_stats=stats)
+    obs = pre({"observation.state": torch.zeros(S), "task": "push"})  # unbatched in, batched out
+    action = post(policy.select_action(obs))
+    assert action.shape == (1, D) and action.device.type == "cpu"
+    with pytest.raises(ValueError, match="action_tokenizer_path"):
+        VLAPolicy(VLAConfig(preset="micro", device="cpu"), dataset_stats=stats)
+    with pytest.raises(ValueError, match="dataset_stats"):
+        VLAPolicy(config)
+
+
+def test_a_local_paligemma_checkpoint_loads_offline(tmp_path):
+    """The real-checkpoint path on a stand-in: PaliGemma's vocabulary layout, HF's checkpoint format, no network."""
+    from transformers import PaliGemmaForConditionalGeneration
+
+    from vla.model import PRESETS, paligemma_config
+    from vla.sequence import LocalTextTokenizer, VocabMap
+
+    tok = fitted_tokenizers()["fast"]
+    checkpoint = tmp_path / "paligemma"
+    checkpoint.mkdir()
+    write_gemma_like_tokenizer(checkpoint)
+    vocab = VocabMap.paligemma(LocalTextTokenizer(checkpoint, size=257152), tok.vocab_size)
+    backbone = PaliGemmaForConditionalGeneration(paligemma_config(PRESETS["micro"], vocab, num_cameras=1))
+    backbone.save_pretrained(checkpoint)  # config.json + model.safetensors, as published checkpoints are
+    action_norm, state_norm = normalizers()
+    config = VLAConfig(preset="paligemma-3b", backbone_path=str(checkpoint), time_horizon=T, image_keys=[CAM],
+                       device="cpu")  # fmt: skip
+    policy = VLAPolicy(config, action_tokenizer=tok, action_normalizer=action_norm, state_normalizer=state_norm)
+    embed = policy.model.backbone.model.language_model.embed_tokens.weight
+    assert torch.equal(embed, backbone.model.language_model.embed_tokens.weight)  # the checkpoint's weights
+    assert policy.vocab.layout == "paligemma" and embed.shape[0] == 257216
+    batch = make_batch(b=2, cameras=(CAM,))
+    loss, _ = policy.forward(batch)
+    assert torch.isfinite(loss)
+    chunk = policy.eval().predict_action_chunk(batch)
+    assert policy.last_decode_info.valid.all()
+    policy.save_pretrained(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "text_tokenizer" / "tokenizer.json").is_file()
+    loaded = VLAPolicy.from_pretrained(tmp_path / "ckpt")  # needs neither the checkpoint folder nor a hub
+    assert loaded.vocab.layout == "paligemma"
+    assert torch.equal(loaded.predict_action_chunk(batch), chunk)

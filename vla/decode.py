@@ -1,0 +1,237 @@
+"""Batched decoding: prefill the prompt once, then one token per step from the KV cache, under the constraint.
+
+    gen = generate(model, prompt, vocab=vocab, constraint=tok.constraint(T, D), images=images,
+                   max_new_tokens=c.max_length + 1, temperature=0.0)
+    out = gen.decode(tok, T, D)          # DecodeResult: actions [B, T, D], valid [B] (generation and tokenizer)
+
+At every step the tokenizer's constraint (an automaton over action ids, ``action_tokenizers.Constraint``) is
+lifted to the model's vocabulary (``VocabConstraint``): while it is not done only the action ids it allows are
+possible; once done only ``"|"`` is, so every finished row decodes to exactly ``[T, D]``. Masks are cached
+per automaton state, so after warm-up the constraint costs a dictionary look-up and a ``masked_fill`` per step.
+With ``constraint=None`` decoding is free (the ablation): any id but the image placeholder (an input-only
+token PaliGemma would try to fill with image features) may come; rows stop at ``"|"``/EOS or after
+``max_new_tokens``, and any non-action id or missing stop makes the row invalid (reported, never hidden).
+
+``use_cache=False`` recomputes the whole sequence (images included) at every step: the reference that the cached
+path must match id for id (``tests/test_decode.py``), and the baseline of ``scripts/bench_decode.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from action_tokenizers import ActionTokenizer, Constraint, DecodeResult
+
+from .sequence import Sequence, VocabMap, prefix_lm_mask
+
+
+class VocabConstraint:
+    """A tokenizer constraint over model ids: ``masks(states)`` is a bool ``[B, V]`` tensor.
+
+    Each automaton state's mask is built once and kept as a row of a table, so a step costs one gather.
+    """
+
+    def __init__(self, constraint: Constraint, vocab: VocabMap):
+        if constraint.vocab_size != vocab.action_vocab_size:
+            raise ValueError(
+                f"the constraint is over {constraint.vocab_size} action ids but the vocabulary map holds "
+                f"{vocab.action_vocab_size}; build both from the same tokenizer"
+            )
+        self.constraint = constraint
+        self.vocab = vocab
+        self.max_length = constraint.max_length
+        self._action_ids = torch.as_tensor(vocab.action_to_vocab(np.arange(vocab.action_vocab_size)))  # [A]
+        self._row: dict[int, int] = {}  # automaton state -> row of the table
+        self._rows: list[torch.Tensor] = []
+        self._table = torch.zeros(0, vocab.model_vocab_size, dtype=torch.bool)  # [n_states, V]
+
+    def start(self) -> int:
+        return self.constraint.start()
+
+    def done(self, state: int) -> bool:
+        return self.constraint.done(state)
+
+    def mask(self, state: int) -> torch.Tensor:
+        """bool ``[V]``: the allowed action ids, or only ``"|"`` once the constraint is done (training's grammar:
+        ``"|"`` always precedes EOS, so EOS is never needed to stop a constrained row)."""
+        row = self._row.get(state)
+        if row is None:
+            m = torch.zeros(self.vocab.model_vocab_size, dtype=torch.bool)
+            if self.constraint.done(state):
+                m[self.vocab.end_id] = True
+            else:
+                m[self._action_ids] = torch.tensor(np.asarray(self.constraint.allowed(state), dtype=bool))
+            row = self._row[state] = len(self._rows)
+            self._rows.append(m)
+        return self._rows[row]
+
+    def masks(self, states: list[int]) -> torch.Tensor:
+        """bool ``[B, V]`` for a batch of states."""
+        for s in set(states) - self._row.keys():
+            self.mask(s)
+        if len(self._table) != len(self._rows):
+            self._table = torch.stack(self._rows)
+        return self._table[torch.tensor([self._row[s] for s in states])]
+
+    def advance(self, state: int, model_id: int) -> int:
+        """The state after ``model_id``; stop ids leave a done state as it is."""
+        if self.constraint.done(state):
+            return state
+        return self.constraint.advance(state, int(self.vocab.vocab_to_action(np.int64(model_id))))
+
+    def advance_batch(self, states: list[int], model_ids: torch.Tensor, active: list[int]) -> None:
+        """``advance`` for the rows in ``active``, in place, mapping the ids back in one vectorised call."""
+        actions = self.vocab.vocab_to_action(model_ids.cpu().numpy()).tolist()
+        for i in active:
+            if not self.constraint.done(states[i]):
+                states[i] = self.constraint.advance(states[i], actions[i])
+
+
+@dataclass
+class Generation:
+    """What ``generate`` produced, per row. ``ids`` are action-tokenizer ids (the stop token removed)."""
+
+    ids: list[list[int]]
+    tokens: torch.Tensor  # long [B, steps]: the raw model ids, pad after a row stopped
+    finished: np.ndarray  # bool [B]: the row emitted "|" or EOS
+    valid: np.ndarray  # bool [B]: finished, and only action ids before the stop
+    errors: list[str | None] = field(default_factory=list)
+    steps: int = 0  # tokens generated for the longest row (forward passes after the prefill)
+
+    @property
+    def tokens_per_chunk(self) -> np.ndarray:
+        return np.array([len(r) for r in self.ids])
+
+    def decode(self, tokenizer: ActionTokenizer, time_horizon: int, action_dim: int) -> DecodeResult:
+        """Chunks ``[B, T, D]`` (normalised) with validity = generation valid and tokenizer-decodable.
+
+        Invalid rows are NaN (the tokenizer's ``mark`` mode); the caller decides the fallback.
+        """
+        out = tokenizer.decode(self.ids, time_horizon=time_horizon, action_dim=action_dim, mode="mark")
+        valid = out.valid & self.valid
+        errors = [g or t for g, t in zip(self.errors, out.errors)]
+        actions = out.actions.copy()
+        actions[~valid] = np.nan
+        return DecodeResult(actions=actions, valid=valid, errors=errors)
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """``[B, V]`` logits (masked ids at -inf) -> ``[B]`` ids. Greedy at temperature 0, else nucleus sampling.
+
+    Sampling inverts the cumulative distribution at one uniform draw per row (``torch.multinomial`` is several
+    times slower for a single draw over a large batch).
+    """
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # keep the smallest head whose mass reaches top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    device = generator.device if generator is not None else probs.device
+    u = torch.rand(len(probs), 1, generator=generator, device=device).to(probs.device) * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # first id whose cdf exceeds u: never a 0-prob id
+    return picked.clamp(max=probs.shape[-1] - 1)
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    prompt: Sequence,
+    *,
+    vocab: VocabMap,
+    constraint: Constraint | VocabConstraint | None = None,
+    images: torch.Tensor | None = None,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Generate action ids after a left-padded ``prompt`` (``SequenceLayout.build_prefix``) for every row.
+
+    ``model``: a ``vla.model.PrefixLM``. ``constraint``: the tokenizer's (lifted here) or ``None`` for free decoding.
+    ``max_new_tokens``: defaults to the constraint's ``max_length + 1`` (room for ``"|"``); required without one.
+    Each row stops at ``"|"``/EOS; decoding ends when every row has stopped or after ``max_new_tokens`` steps.
+    """
+    vc = VocabConstraint(constraint, vocab) if isinstance(constraint, Constraint) else constraint
+    if max_new_tokens is None:
+        if vc is None:
+            raise ValueError("max_new_tokens is required without a constraint (e.g. the constraint's max_length + 1)")
+        max_new_tokens = vc.max_length + 1
+    if vc is not None and max_new_tokens < vc.max_length + 1:
+        raise ValueError(
+            f"max_new_tokens {max_new_tokens} can cut constrained chunks (they need up to {vc.max_length} ids + '|'); "
+            f"use at least {vc.max_length + 1}"
+        )
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+    device = model.device
+    prompt = prompt.to(device)
+    b = len(prompt)
+    pad, stops = vocab.text.pad_id, torch.tensor([vocab.end_id, vocab.text.eos_id], device=device)
+    states = [vc.start() for _ in range(b)] if vc is not None else None
+    finished = torch.zeros(b, dtype=torch.bool, device=device)
+    next_position = prompt.position_ids[:, -1] + 1  # [B]: left padding puts every row's last token in the last column
+    ones = torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)
+    tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
+
+    # Prefill: the prompt once (images included); keep the cache and the last position's logits.
+    out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
+                images=images, use_cache=use_cache)  # fmt: skip
+    cache = out.past_key_values if use_cache else None
+    logits = model.logits(out.last_hidden_state[:, -1])  # [B, V]
+    steps = 0
+    for step in range(max_new_tokens):
+        if vc is not None:
+            logits = logits.masked_fill(~vc.masks(states).to(device), float("-inf"))
+        else:
+            logits[:, vocab.text.image_id] = float("-inf")
+        token = sample(logits, temperature, top_p, generator)  # [B]
+        token = torch.where(finished, torch.full_like(token, pad), token)
+        tokens[:, step] = token
+        steps = step + 1
+        if vc is not None:
+            vc.advance_batch(states, token, torch.nonzero(~finished).flatten().tolist())
+        finished |= torch.isin(token, stops)
+        if bool(finished.all()) or step + 1 == max_new_tokens:
+            break
+        if use_cache:  # one new token attends to every valid key so far (the cache) and itself
+            key_valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)  # [B, Lp + step + 1]
+            out = model(token[:, None], key_valid[:, None, :], (next_position + step)[:, None],
+                        past_key_values=cache, use_cache=True)  # fmt: skip
+            cache = out.past_key_values
+        else:  # recompute everything: prompt + tokens so far, as one suffix-extended sequence
+            new = tokens[:, : step + 1]
+            valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)
+            ar = torch.cat([prompt.ar, torch.ones_like(new)], dim=1)
+            new_positions = next_position[:, None] + torch.arange(step + 1, device=device)  # [B, step + 1]
+            positions = torch.cat([prompt.position_ids, new_positions], dim=1)
+            out = model(torch.cat([prompt.input_ids, new], dim=1), prefix_lm_mask(valid, ar), positions,
+                        token_type_ids=ar, images=images)  # fmt: skip
+        logits = model.logits(out.last_hidden_state[:, -1])
+    return _collect(tokens[:, :steps].cpu(), finished.cpu().numpy(), vocab, steps)
+
+
+def _collect(tokens: torch.Tensor, finished: np.ndarray, vocab: VocabMap, steps: int) -> Generation:
+    """Split each row at its stop token, map action ids back, and say why a row is invalid."""
+    ids, valid, errors = [], np.zeros(len(tokens), dtype=bool), []
+    stop_ids = {vocab.end_id, vocab.text.eos_id}
+    for i, row in enumerate(tokens.tolist()):
+        end = next((k for k, t in enumerate(row) if t in stop_ids), len(row))
+        body = np.asarray(row[:end], dtype=np.int64)
+        actions = vocab.vocab_to_action(body)
+        error = None
+        if not finished[i]:
+            error = f"no '|' or EOS within {steps} generated tokens"
+        elif (actions < 0).any():
+            k = int(np.flatnonzero(actions < 0)[0])
+            error = f"generated token {k} is the non-action id {int(body[k])}"
+        ids.append(actions[actions >= 0].tolist())
+        valid[i] = error is None
+        errors.append(error)
+    return Generation(ids=ids, tokens=tokens, finished=finished, valid=valid, errors=errors, steps=steps)

@@ -1,0 +1,281 @@
+"""The prefix-LM: transformers' ``PaliGemmaForConditionalGeneration`` (SigLIP vision tower + Gemma decoder).
+
+Two verbs:
+    loss, metrics = model.loss(seq, images)          # cross-entropy on the suffix (the action segment) only
+    gen = model.generate(prompt, images, vocab=..., constraint=...)   # see vla.decode
+
+Sizes come from named presets (``PRESETS``): ``tiny`` trains on a laptop CPU, ``small`` is a ~50M model for a GPU,
+``paligemma-3b`` is the real shape (Gemma 2B + SigLIP So400m/14 at 224 px) and loads weights from a local copy of
+a public PaliGemma checkpoint. ``micro`` exists for tests only.
+
+How the mask reaches PaliGemma: we pass our own 4-D additive mask (``vla.sequence.prefix_lm_mask``, 0 where a query
+may attend a key, the dtype's minimum elsewhere). transformers' mask builder returns a 4-D mask unchanged, so
+the same code path serves training, prefill and cached decoding, and padding never leaks. PaliGemma's own route
+(2-D padding mask + ``token_type_ids``) builds the same mask; ``tests/test_model.py`` checks the two agree.
+``token_type_ids`` are still passed: PaliGemma refuses a training-mode forward without them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+
+from .sequence import Sequence, VocabMap
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """One size of the backbone. Gemma decoder (text) and SigLIP encoder (vision) shapes."""
+
+    hidden_size: int  # Gemma width; the image projector maps SigLIP features to it
+    intermediate_size: int  # Gemma MLP width
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int  # 1 = multi-query attention, as in Gemma 2B
+    head_dim: int
+    vision_hidden_size: int
+    vision_intermediate_size: int
+    vision_layers: int
+    vision_heads: int
+    patch_size: int
+    image_size: int  # default input resolution; images are resized to it
+    max_positions: int = 8192
+
+    def image_tokens(self, image_size: int | None = None) -> int:
+        """Image tokens per camera: one per patch."""
+        return ((image_size or self.image_size) // self.patch_size) ** 2
+
+
+PRESETS: dict[str, ModelPreset] = {
+    # tests only: a few hundred thousand parameters, untrained it is a random-token source
+    "micro": ModelPreset(32, 64, 1, 2, 1, 16, 32, 64, 1, 2, 16, 32),
+    # ~2M parameters (+ embeddings): trains at a useful speed on 2 CPU cores; 64 px -> 16 image tokens
+    "tiny": ModelPreset(128, 512, 3, 4, 1, 32, 128, 256, 2, 4, 16, 64),
+    # ~40M parameters: 96 px -> 36 image tokens per camera
+    "small": ModelPreset(512, 2048, 8, 8, 1, 64, 384, 1536, 6, 6, 16, 96),
+    # PaliGemma-3B (pt-224): Gemma 2B + SigLIP So400m/14; load weights with pretrained_path
+    "paligemma-3b": ModelPreset(2048, 16384, 18, 8, 1, 256, 1152, 4304, 27, 16, 14, 224),
+}
+
+
+def get_preset(preset: str | ModelPreset) -> ModelPreset:
+    if isinstance(preset, ModelPreset):
+        return preset
+    if preset not in PRESETS:
+        close = difflib.get_close_matches(str(preset), PRESETS, n=1, cutoff=0.4)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown model preset {preset!r}{hint} (known: {', '.join(PRESETS)})")
+    return PRESETS[preset]
+
+
+def paligemma_config(
+    preset: ModelPreset, vocab: VocabMap, *, image_size: int | None = None, num_cameras: int = 1
+) -> PaliGemmaConfig:
+    """A ``PaliGemmaConfig`` for ``preset`` over ``vocab``.
+
+    Without cameras the vision tower is never run, so it is shrunk to one small layer rather than carried at
+    full size (PaliGemma always builds one).
+    """
+    size = image_size or preset.image_size
+    if size % preset.patch_size:
+        raise ValueError(f"image_size {size} is not a multiple of the patch size {preset.patch_size}; use e.g. "
+                         f"{size - size % preset.patch_size or preset.patch_size}")  # fmt: skip
+    vision = dict(
+        model_type="siglip_vision_model",
+        hidden_size=preset.vision_hidden_size,
+        intermediate_size=preset.vision_intermediate_size,
+        num_hidden_layers=preset.vision_layers,
+        num_attention_heads=preset.vision_heads,
+        image_size=size,
+        patch_size=preset.patch_size,
+        vision_use_head=False,  # PaliGemma uses the patch features, not the pooled head
+    )
+    if num_cameras == 0:
+        vision.update(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=1)
+    text = dict(
+        model_type="gemma",
+        vocab_size=vocab.model_vocab_size,
+        hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads,
+        head_dim=preset.head_dim,
+        max_position_embeddings=preset.max_positions,
+        pad_token_id=vocab.text.pad_id,
+        bos_token_id=vocab.text.bos_id,
+        eos_token_id=vocab.text.eos_id,
+    )
+    return PaliGemmaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=vocab.text.image_id,
+        vocab_size=vocab.model_vocab_size,
+        projection_dim=preset.hidden_size,
+        hidden_size=preset.hidden_size,
+    )
+
+
+def build_model(
+    preset: str | ModelPreset,
+    vocab: VocabMap,
+    *,
+    image_size: int | None = None,
+    num_cameras: int = 1,
+    pretrained_path: str | Path | None = None,
+    backbone_config: PaliGemmaConfig | dict | None = None,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    seed: int | None = None,
+) -> PrefixLM:
+    """A ``PrefixLM`` of the named size over ``vocab``.
+
+    Random weights by default (``seed`` initialises them without touching the global RNG). ``pretrained_path``: a
+    local PaliGemma checkpoint folder (config.json + safetensors), read with no network. ``backbone_config``: build
+    exactly this ``PaliGemmaConfig`` (what a saved policy stores) instead of the preset's.
+    """
+    spec = get_preset(preset)
+    if pretrained_path is not None:
+        path = Path(pretrained_path)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"no PaliGemma checkpoint at {path} (config.json missing); pass the local folder")
+        backbone = PaliGemmaForConditionalGeneration.from_pretrained(
+            path, local_files_only=True, attn_implementation=attn_implementation, dtype=dtype
+        )
+    else:
+        if backbone_config is None:
+            config = paligemma_config(spec, vocab, image_size=image_size, num_cameras=num_cameras)
+        elif isinstance(backbone_config, dict):
+            config = PaliGemmaConfig.from_dict(backbone_config)
+        else:
+            config = backbone_config
+        config._attn_implementation = attn_implementation
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            backbone = PaliGemmaForConditionalGeneration(config).to(dtype)
+    rows = backbone.config.text_config.vocab_size
+    if rows < vocab.model_vocab_size or backbone.config.image_token_id != vocab.text.image_id:
+        raise ValueError(
+            f"the backbone has {rows} vocabulary rows and image id {backbone.config.image_token_id}, but the "
+            f"vocabulary map needs {vocab.model_vocab_size} rows and image id {vocab.text.image_id}; "
+            "use VocabMap.paligemma with a PaliGemma checkpoint's tokenizer"
+        )
+    return PrefixLM(backbone)
+
+
+class PrefixLM(nn.Module):
+    """PaliGemma driven with an explicit prefix-LM mask. ``backbone`` is the transformers model, unchanged."""
+
+    def __init__(self, backbone: PaliGemmaForConditionalGeneration):
+        super().__init__()
+        self.backbone = backbone
+
+    @property
+    def image_size(self) -> int:
+        """Images are resized to this square size."""
+        return int(self.backbone.config.vision_config.image_size)
+
+    @property
+    def image_tokens(self) -> int:
+        """Image tokens per camera: one per patch."""
+        return (self.image_size // int(self.backbone.config.vision_config.patch_size)) ** 2
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backbone.config.text_config.vocab_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.backbone.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.backbone.lm_head.weight.device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # --- inputs --------------------------------------------------------------------------------------------
+    def pixel_values(self, images: torch.Tensor) -> torch.Tensor:
+        """``[B, N, 3, H, W]`` floats in [0, 1] -> ``[B * N, 3, S, S]`` in [-1, 1] (SigLIP's range), resized to S."""
+        b, n, c, h, w = images.shape
+        x = images.reshape(b * n, c, h, w).to(self.device, self.dtype)
+        if (h, w) != (self.image_size, self.image_size):
+            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", antialias=True)
+        return x * 2.0 - 1.0
+
+    def additive_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """bool ``[B, Lq, Lk]`` -> float ``[B, 1, Lq, Lk]``: 0 where allowed, the dtype's minimum elsewhere.
+
+        A finite minimum (not -inf) keeps fully masked rows (padding queries) finite: no NaN can reach real tokens.
+        """
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        low = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+        return torch.where(mask.to(self.device)[:, None], zero, low)
+
+    # --- forward -------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # long [B, Lq]
+        mask: torch.Tensor,  # bool [B, Lq, Lk]; Lk = cached length + Lq
+        position_ids: torch.Tensor,  # long [B, Lq]
+        *,
+        token_type_ids: torch.Tensor | None = None,  # long [B, Lq], 0 prefix / 1 suffix
+        images: torch.Tensor | None = None,  # [B, N, 3, H, W] in [0, 1]; only with the image placeholders
+        past_key_values=None,
+        use_cache: bool = False,
+        output_hidden_states: bool = False,
+    ):
+        """Hidden states ``[B, Lq, hidden]`` (``.last_hidden_state``), and the KV cache when ``use_cache``."""
+        placeholders = input_ids == self.backbone.config.image_token_id
+        if images is None and past_key_values is None and bool(placeholders.any()):
+            raise ValueError("the ids hold image placeholders but no images were given; pass images [B, N, 3, H, W]")
+        if token_type_ids is None:
+            token_type_ids = torch.ones_like(input_ids)
+        return self.backbone.model(
+            input_ids=input_ids.to(self.device),
+            pixel_values=None if images is None else self.pixel_values(images),
+            attention_mask=self.additive_mask(mask),
+            position_ids=position_ids.to(self.device),
+            token_type_ids=token_type_ids.to(self.device),
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+        )
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., hidden]`` -> ``[..., vocab]`` float32 logits (the tied LM head)."""
+        return self.backbone.lm_head(hidden).float()
+
+    # --- the two verbs -------------------------------------------------------------------------------------
+    def loss(self, seq: Sequence, images: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Next-token cross-entropy on the suffix only; logits are computed at those positions only.
+
+        Metrics: ``loss``, ``accuracy`` (greedy next-token accuracy on the action ids), ``suffix_tokens``.
+        """
+        seq = seq.to(self.device)
+        out = self(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.token_type_ids,
+                   images=images)  # fmt: skip
+        hidden = out.last_hidden_state[seq.loss_mask]  # [N, hidden], N = suffix targets in the batch
+        logits = self.logits(hidden)  # [N, V]
+        targets = seq.targets[seq.loss_mask]  # [N]
+        loss = F.cross_entropy(logits, targets)
+        with torch.no_grad():
+            is_action = seq.action_mask[seq.loss_mask]
+            hits = (logits.argmax(-1) == targets)[is_action]
+            accuracy = hits.float().mean().item() if hits.numel() else math.nan
+        return loss, {"loss": loss.item(), "accuracy": accuracy, "suffix_tokens": float(targets.numel())}
+
+    def generate(self, prompt: Sequence, images: torch.Tensor | None = None, **kwargs):
+        """Sample action ids after ``prompt``: see ``vla.decode.generate`` for the options."""
+        from .decode import generate
+
+        return generate(self, prompt, images=images, **kwargs)

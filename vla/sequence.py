@@ -1,0 +1,392 @@
+"""The token layout of the policy: the only module that knows where each token goes and who sees whom.
+
+pi0-FAST's layout (openpi; see REFERENCE.md), one row per sample:
+
+    prefix (bidirectional)                                          suffix (causal)
+    [<image> x n_image_tokens per camera] [BOS] "Task: {task}, State: {s};\\n"   "Action: " a_1 .. a_n "|" EOS
+
+* ``{task}`` is lower-cased, stripped, ``_`` -> space; ``{s}`` is the *normalised* state cut into ``state_bins``
+  uniform bins over [-1, 1], written as space-separated integers (values outside [-1, 1] are clipped and counted).
+* The prefix-LM mask (openpi's cumulative-sum trick): every token carries ``ar`` (0 in the prefix, 1 in the suffix)
+  and ``valid`` (0 for padding). Query q may attend key k iff both are valid and ``cumsum(ar)[k] <= cumsum(ar)[q]``:
+  the prefix (cumsum 0) sees the whole prefix and never the suffix; suffix token i sees the prefix and suffix
+  tokens up to i. Padding attends to nothing, nothing attends to padding, and padding takes no position
+  (``position_ids = cumsum(valid) - 1``, 0 on padding).
+* The loss is next-token cross-entropy on the suffix only (``Action: ``, the action ids, ``|`` and EOS).
+
+Vocabulary (``VocabMap``): text ids, then action ids. Two layouts:
+* ``compact`` (default, no download): 4 special ids, 256 byte ids (a built-in byte-level text tokenizer), then
+  action id ``t`` at ``260 + t``.
+* ``paligemma``: PaliGemma's own 257152-id Gemma vocabulary, read from a local ``tokenizer.json``; action id
+  ``t`` reuses text id ``257152 - 1 - 128 - t`` (openpi's mapping: the top 128 ids are special tokens).
+
+Training rows are right-padded (``build_training_sequence``); inference prompts are left-padded
+(``build_prefix``) so every row's next token is generated at the same column.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+ACTION_MARKER = "Action: "  # the first suffix tokens: fixed, so fed with the prompt at inference
+END_OF_ACTIONS = "|"  # closes the action ids; generation stops here
+PALIGEMMA_TEXT_VOCAB = 257152  # Gemma tokenizer ids in PaliGemma; the action map counts down from here
+PALIGEMMA_SKIP = 128  # openpi leaves the top 128 ids (special tokens) alone
+TEXT_TOKENIZER_DIR = "text_tokenizer"
+
+
+# --- text tokenizers ---------------------------------------------------------------------------------------
+class TextTokenizer(Protocol):
+    """What the layout needs from a text tokenizer."""
+
+    size: int  # text ids are in [0, size)
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    image_id: int  # the placeholder PaliGemma replaces with image features
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTextTokenizer:
+    """A compact, download-free text vocabulary: 4 special ids, then one id per UTF-8 byte.
+
+    ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<image>`` 3, byte ``b`` -> ``4 + b``. Every string encodes.
+    """
+
+    name = "bytes"
+    pad_id, bos_id, eos_id, image_id = 0, 1, 2, 3
+    offset = 4
+    size = offset + 256
+
+    def encode(self, text: str) -> list[int]:
+        return [self.offset + b for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        data = bytes(i - self.offset for i in ids if self.offset <= i < self.size)
+        return data.decode("utf-8", errors="replace")
+
+
+class LocalTextTokenizer:
+    """A Hugging Face ``tokenizer.json`` read from a local directory (PaliGemma's Gemma tokenizer), no download.
+
+    The directory may be a PaliGemma checkpoint folder or the ``text_tokenizer/`` folder a saved policy holds.
+    """
+
+    name = "local"
+
+    def __init__(self, directory: str | Path, size: int | None = None):
+        from tokenizers import Tokenizer  # Hugging Face's; imported here so the compact path never needs it
+
+        self.directory = Path(directory)
+        self.path = self.directory / "tokenizer.json"
+        if not self.path.is_file():
+            raise ValueError(
+                f"no tokenizer.json in {self.directory}; point to a local PaliGemma checkpoint folder "
+                "(it holds tokenizer.json beside config.json) or use the compact vocabulary"
+            )
+        self.tok = Tokenizer.from_file(str(self.path))
+        self.size = int(size) if size is not None else self.tok.get_vocab_size(with_added_tokens=False)
+
+        def special(token: str, fallback: int | None = None) -> int:
+            i = self.tok.token_to_id(token)
+            if i is None:
+                if fallback is None:
+                    raise ValueError(f"{self.path} has no {token} token; is this a Gemma tokenizer?")
+                return fallback
+            return int(i)
+
+        self.pad_id = special("<pad>")
+        self.bos_id = special("<bos>")
+        self.eos_id = special("<eos>")
+        self.image_id = special("<image>", fallback=self.size)  # PaliGemma puts <image> right after the text ids
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.path, directory / "tokenizer.json")
+
+
+# --- the vocabulary map ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VocabMap:
+    """Where text and action ids live in the model's vocabulary: the only place that knows.
+
+    >>> vm = VocabMap.compact(action_vocab_size=256)
+    >>> vm.action_to_vocab(np.array([0, 255])).tolist(), vm.model_vocab_size
+    ([260, 515], 516)
+    """
+
+    text: TextTokenizer
+    action_vocab_size: int
+    layout: str  # "compact" or "paligemma"
+    model_vocab_size: int  # rows of the model's embedding table
+    action_base: int  # the model id of action 0 (compact: ids count up from it; paligemma: down)
+    end_id: int = field(init=False)  # "|"
+    marker_ids: tuple[int, ...] = field(init=False)  # "Action: "
+
+    @classmethod
+    def compact(cls, action_vocab_size: int) -> VocabMap:
+        text = ByteTextTokenizer()
+        return cls(text, int(action_vocab_size), "compact", text.size + int(action_vocab_size), text.size)
+
+    @classmethod
+    def paligemma(
+        cls, text: TextTokenizer, action_vocab_size: int, model_vocab_size: int = 257216
+    ) -> VocabMap:
+        """openpi's map on PaliGemma's vocabulary: action ``t`` -> ``257152 - 1 - 128 - t``."""
+        base = PALIGEMMA_TEXT_VOCAB - 1 - PALIGEMMA_SKIP
+        if action_vocab_size > base - 1000:  # keep the common text ids (and the ones the prompt uses) free
+            raise ValueError(
+                f"an action vocabulary of {action_vocab_size} ids does not fit under PaliGemma's text ids; "
+                "use a tokenizer with fewer ids (FAST vocab_size <= 2048 is typical)"
+            )
+        return cls(text, int(action_vocab_size), "paligemma", int(model_vocab_size), base)
+
+    def __post_init__(self) -> None:
+        ids = self.text.encode(END_OF_ACTIONS)
+        if len(ids) != 1:
+            raise ValueError(f"the text tokenizer must encode {END_OF_ACTIONS!r} as one id, got {ids}")
+        object.__setattr__(self, "end_id", ids[0])
+        object.__setattr__(self, "marker_ids", tuple(self.text.encode(ACTION_MARKER)))
+        lo, hi = self.action_id_range
+        special = {self.end_id, self.text.eos_id, self.text.pad_id, self.text.bos_id, self.text.image_id}
+        clash = sorted(i for i in special | set(self.marker_ids) if lo <= i < hi)
+        if clash:
+            raise ValueError(f"text ids {clash} fall in the action range [{lo}, {hi}); use a smaller action vocabulary")
+
+    @property
+    def action_id_range(self) -> tuple[int, int]:
+        """``[lo, hi)`` of the model ids that stand for actions."""
+        if self.layout == "compact":
+            return self.action_base, self.action_base + self.action_vocab_size
+        return self.action_base - self.action_vocab_size + 1, self.action_base + 1
+
+    def action_to_vocab(self, ids: np.ndarray | torch.Tensor | list[int]):
+        """Action-tokenizer ids -> model ids (same type as given; lists become numpy arrays)."""
+        if isinstance(ids, list):
+            ids = np.asarray(ids, dtype=np.int64)
+        return self.action_base + ids if self.layout == "compact" else self.action_base - ids
+
+    def vocab_to_action(self, ids: np.ndarray | torch.Tensor | list[int]):
+        """Model ids -> action-tokenizer ids; ids outside the action range map to -1."""
+        if isinstance(ids, list):
+            ids = np.asarray(ids, dtype=np.int64)
+        out = ids - self.action_base if self.layout == "compact" else self.action_base - ids
+        inside = (out >= 0) & (out < self.action_vocab_size)
+        return torch.where(inside, out, -1) if isinstance(out, torch.Tensor) else np.where(inside, out, -1)
+
+    def is_action(self, ids):
+        lo, hi = self.action_id_range
+        return (ids >= lo) & (ids < hi)
+
+
+# --- the layout --------------------------------------------------------------------------------------------
+@dataclass
+class LayoutStats:
+    """What building sequences had to change: clipped state values and truncated tasks, counted."""
+
+    prefixes: int = 0
+    state_values: int = 0
+    state_clipped: int = 0
+    tasks_truncated: int = 0
+
+
+@dataclass
+class Sequence:
+    """A padded batch of token rows with everything the model needs. Shapes: B rows, L columns.
+
+    ``attention_mask`` is built on demand from ``valid`` and ``ar`` by ``prefix_lm_mask``.
+    """
+
+    input_ids: torch.Tensor  # long [B, L]
+    valid: torch.Tensor  # bool [B, L], False on padding
+    ar: torch.Tensor  # long [B, L], 0 in the prefix (and left padding), 1 in the suffix
+    position_ids: torch.Tensor  # long [B, L], cumsum(valid) - 1, 0 on padding
+    targets: torch.Tensor  # long [B, L], the id predicted at each position (next token), pad elsewhere
+    loss_mask: torch.Tensor  # bool [B, L], positions whose target is a suffix token
+    action_mask: torch.Tensor  # bool [B, L], positions whose target is an action id
+    prefix_len: torch.Tensor  # long [B], prefix tokens per row (padding excluded)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """bool [B, L, L]: True where query (row) may attend key (column)."""
+        return prefix_lm_mask(self.valid, self.ar)
+
+    @property
+    def token_type_ids(self) -> torch.Tensor:
+        """PaliGemma's convention: 0 for the prefix, 1 for the suffix (what the loss is on)."""
+        return self.ar
+
+    def to(self, device: torch.device | str) -> Sequence:
+        return Sequence(**{k: v.to(device) for k, v in self.__dict__.items()})
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def prefix_lm_mask(valid: torch.Tensor, ar: torch.Tensor) -> torch.Tensor:
+    """openpi's prefix-LM mask in three lines: ``valid`` bool [B, L], ``ar`` int [B, L] -> bool [B, L, L].
+
+    A query sees every key whose causal block (cumulative sum of ``ar``) is not after its own: prefix tokens share
+    block 0, each suffix token opens a new block. Padding is removed on both sides.
+    """
+    block = torch.cumsum(ar, dim=1)  # [B, L]
+    mask = block[:, None, :] <= block[:, :, None]  # [B, Lq, Lk]
+    return mask & valid[:, None, :] & valid[:, :, None]
+
+
+def clean_task(task: str) -> str:
+    """openpi's task normalisation: strip, lower-case, ``_`` -> space, one line."""
+    return " ".join(str(task).strip().lower().replace("_", " ").split())
+
+
+class SequenceLayout:
+    """Builds prefixes and training sequences for one vocabulary and one observation shape.
+
+    ``image_tokens``: image tokens per camera; ``num_cameras``: cameras per observation (0: state + task only);
+    ``max_prefix_len``: most *text* tokens in the prefix (BOS + task + state; image tokens not counted). A task
+    that does not fit is cut (a logged, counted truncation); a state that does not fit alone is an error.
+    """
+
+    def __init__(
+        self,
+        vocab: VocabMap,
+        *,
+        image_tokens: int = 0,
+        num_cameras: int = 0,
+        max_prefix_len: int = 256,
+        state_bins: int = 256,
+    ):
+        if state_bins < 2:
+            raise ValueError(f"state_bins must be >= 2, got {state_bins}")
+        self.vocab = vocab
+        self.image_tokens = int(image_tokens)
+        self.num_cameras = int(num_cameras)
+        self.max_prefix_len = int(max_prefix_len)
+        self.state_bins = int(state_bins)
+        self.stats = LayoutStats()
+        self._edges = np.linspace(-1.0, 1.0, self.state_bins + 1)[:-1]
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.image_tokens * self.num_cameras
+
+    # --- text ----------------------------------------------------------------------------------------------
+    def state_bins_of(self, state: np.ndarray) -> np.ndarray:
+        """Normalised state ``[S]`` -> ints in ``[0, state_bins)`` (openpi's ``np.digitize``), clipping counted."""
+        state = np.asarray(state, dtype=np.float64).reshape(-1)
+        if not np.isfinite(state).all():
+            raise ValueError("the state contains NaN or inf; check the observation and the state normaliser")
+        self.stats.state_values += state.size
+        self.stats.state_clipped += int(((state < -1.0) | (state > 1.0)).sum())
+        return np.digitize(np.clip(state, -1.0, 1.0), self._edges) - 1
+
+    def prefix_text_ids(self, task: str, state: np.ndarray) -> list[int]:
+        """``BOS "Task: {task}, State: {s};\\n"`` as ids, cutting the task (logged) if it does not fit."""
+        task = clean_task(task)
+        state_text = " ".join(str(int(b)) for b in self.state_bins_of(state))
+        encode = self.vocab.text.encode
+        ids = [self.vocab.text.bos_id, *encode(f"Task: {task}, State: {state_text};\n")]
+        if len(ids) <= self.max_prefix_len:
+            return ids
+        bare = 1 + len(encode(f"Task: , State: {state_text};\n"))
+        if bare > self.max_prefix_len:
+            raise ValueError(
+                f"the prompt needs {bare} text tokens for a {len(state)}-D state alone, more than max_prefix_len "
+                f"{self.max_prefix_len}; raise max_prefix_len to at least {bare + 32}"
+            )
+        original = task
+        while len(ids) > self.max_prefix_len:  # cut whole characters until it fits (exact for bytes)
+            task = task[: max(0, len(task) - max(1, len(ids) - self.max_prefix_len))]
+            ids = [self.vocab.text.bos_id, *encode(f"Task: {task}, State: {state_text};\n")]
+        self.stats.tasks_truncated += 1
+        logger.warning(
+            "task %r is too long for max_prefix_len %d: cut to %r (%d truncations so far); raise max_prefix_len "
+            "to keep whole tasks", original, self.max_prefix_len, task, self.stats.tasks_truncated,
+        )  # fmt: skip
+        return ids
+
+    def prefix_ids(self, task: str, state: np.ndarray) -> list[int]:
+        """The whole prefix of one sample: image placeholders, then the text."""
+        self.stats.prefixes += 1
+        return [self.vocab.text.image_id] * self.num_image_tokens + self.prefix_text_ids(task, state)
+
+    def suffix_ids(self, action_ids: list[int] | np.ndarray) -> list[int]:
+        """``"Action: "`` + action ids mapped into the vocabulary + ``"|"`` + EOS."""
+        mapped = self.vocab.action_to_vocab(np.asarray(action_ids, dtype=np.int64)).tolist()
+        return [*self.vocab.marker_ids, *mapped, self.vocab.end_id, self.vocab.text.eos_id]
+
+    # --- batches -------------------------------------------------------------------------------------------
+    def build_prefix(self, tasks: list[str], states: np.ndarray, *, with_marker: bool = True) -> Sequence:
+        """Inference prompts, left-padded: ``[pad..][prefix]["Action: "]`` per row.
+
+        ``"Action: "`` opens the suffix (causal) but never varies, so it is fed with the prompt rather than
+        sampled; the first generated token is the first action id.
+        """
+        states = self._check_batch(tasks, states)
+        marker = list(self.vocab.marker_ids) if with_marker else []
+        rows = [(self.prefix_ids(t, s), marker) for t, s in zip(tasks, states)]
+        return self._pack(rows, pad_left=True)
+
+    def build_training_sequence(
+        self, tasks: list[str], states: np.ndarray, action_ids: list[list[int]]
+    ) -> Sequence:
+        """Training rows, right-padded: ``[prefix][Action: a_1..a_n | EOS][pad..]``, loss on the suffix."""
+        states = self._check_batch(tasks, states)
+        if len(action_ids) != len(tasks):
+            raise ValueError(f"{len(action_ids)} action id rows for {len(tasks)} tasks; pass one row per sample")
+        rows = [(self.prefix_ids(t, s), self.suffix_ids(a)) for t, s, a in zip(tasks, states, action_ids)]
+        return self._pack(rows, pad_left=False)
+
+    def _check_batch(self, tasks: list[str], states: np.ndarray) -> np.ndarray:
+        if isinstance(tasks, str):
+            raise ValueError("tasks must be a list of strings, one per sample; wrap a single task as [task]")
+        states = np.asarray(states, dtype=np.float64)
+        if states.ndim != 2:
+            raise ValueError(f"states must be [B, S], got shape {states.shape}")
+        if len(tasks) != len(states):
+            raise ValueError(f"{len(tasks)} tasks for {len(states)} states; pass one task per sample")
+        return states
+
+    def _pack(self, rows: list[tuple[list[int], list[int]]], pad_left: bool) -> Sequence:
+        """Rows of (prefix ids, suffix ids) -> one padded ``Sequence``."""
+        pad = self.vocab.text.pad_id
+        width = max(len(p) + len(s) for p, s in rows)
+        b = len(rows)
+        input_ids = torch.full((b, width), pad, dtype=torch.long)
+        valid = torch.zeros((b, width), dtype=torch.bool)
+        ar = torch.zeros((b, width), dtype=torch.long)
+        for i, (prefix, suffix) in enumerate(rows):
+            n = len(prefix) + len(suffix)
+            start = width - n if pad_left else 0
+            input_ids[i, start : start + n] = torch.tensor(prefix + suffix, dtype=torch.long)
+            valid[i, start : start + n] = True
+            ar[i, start + len(prefix) : start + n] = 1
+        position_ids = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0) * valid
+        # Position i predicts token i + 1; it counts in the loss when token i + 1 is a (valid) suffix token.
+        targets = torch.full_like(input_ids, pad)
+        targets[:, :-1] = input_ids[:, 1:]
+        target_in_suffix = torch.zeros_like(valid)
+        target_in_suffix[:, :-1] = (ar[:, 1:] == 1) & valid[:, 1:]
+        action_mask = target_in_suffix & self.vocab.is_action(targets)
+        targets = torch.where(target_in_suffix, targets, pad)
+        prefix_len = torch.tensor([len(p) for p, _ in rows], dtype=torch.long)
+        return Sequence(input_ids, valid, ar, position_ids, targets, target_in_suffix, action_mask, prefix_len)
+
