@@ -134,7 +134,7 @@ def test_a_long_task_is_cut_and_logged(caplog):
     assert len(ids) == 64
     assert layout.stats.tasks_truncated == 1 and "too long" in caplog.text
     with pytest.raises(ValueError, match="raise max_prefix_len"):
-        layout.prefix_text_ids("t", np.zeros(40))  # the state alone does not fit
+        layout.prefix_text_ids("t", np.zeros(80))  # the state alone does not fit
 
 
 # --- the mask ------------------------------------------------------------------------------------------------
