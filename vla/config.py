@@ -81,10 +81,10 @@ class PolicyOptions:
     time_horizon: int = 10  # T: actions per chunk
     n_action_steps: int = 10  # actions executed from each chunk before predicting again (<= time_horizon)
     image_keys: list[str] = field(default_factory=list)  # cameras to use; empty = state and task only
-    image_size: int = 64  # pixels (square) fed to the vision tower
+    image_size: int | None = None  # pixels (square) fed to the vision tower; None = the preset's
     temperature: float = 0.0  # 0 = greedy decoding
     constrained: bool = True  # mask logits with the tokenizer's constraint while decoding
-    pretrained_path: str | None = None  # a local PaliGemma checkpoint folder for the paligemma-3b preset
+    backbone_path: str | None = None  # a local PaliGemma checkpoint folder for the paligemma-3b preset
 
 
 @dataclass

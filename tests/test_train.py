@@ -1,0 +1,71 @@
+"""Training: a few steps on a tiny recorded dataset; checkpoint + resume continues exactly."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vla import train
+from vla.config import BinConfig, FASTConfig, PolicyOptions, TrainConfig
+
+
+def config(root, out, steps, **kw) -> TrainConfig:
+    return TrainConfig(
+        dataset_root=str(root),
+        output_dir=str(out),
+        tokenizer=kw.pop("tokenizer", FASTConfig(vocab_size=256)),
+        policy=kw.pop("policy", PolicyOptions(preset="micro", time_horizon=4, n_action_steps=2)),
+        steps=steps,
+        batch_size=4,
+        warmup_steps=1,
+        save_every=2,
+        log_every=1,
+        progress=False,
+        **kw,
+    )
+
+
+def test_resume_continues_exactly(tiny_dataset_root, tmp_path):
+    straight = train.main(config(tiny_dataset_root, tmp_path / "a", steps=4))
+    first = train.main(config(tiny_dataset_root, tmp_path / "b", steps=2))
+    resumed = train.main(config(tiny_dataset_root, tmp_path / "b", steps=4, resume=True))
+    assert first["losses"] == straight["losses"][:2]
+    np.testing.assert_allclose(resumed["losses"], straight["losses"][2:], rtol=1e-6)
+    a = load_file(str(tmp_path / "a" / "policy" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    # the metrics file of the resumed run continues the first one, and a loss curve is drawn
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    assert (tmp_path / "b" / "loss.png").stat().st_size > 1000
+
+
+def test_checkpoints_are_complete_and_tokenizer_travels(tiny_dataset_root, tmp_path):
+    train.main(config(tiny_dataset_root, tmp_path, steps=2, tokenizer=BinConfig(n_bins=64)))
+    ckpt = train.latest_checkpoint(tmp_path)
+    assert ckpt.name == "step_0000002"
+    names = {p.name for p in ckpt.iterdir()}
+    assert {"policy", "optimizer.safetensors", "rng.safetensors", "trainer_state.json", "ema.safetensors"} <= names
+    assert (ckpt / "policy" / "action_tokenizer" / "action_tokenizer.json").is_file()
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tiny_dataset_root, tmp_path):
+    with pytest.raises(ValueError, match="holds no checkpoint"):
+        train.main(config(tiny_dataset_root, tmp_path, steps=2, resume=True))
+
+
+def test_step_sampler_is_a_function_of_the_step():
+    a = train.StepBatchSampler(10, 4, seed=1, start_step=0, steps=6)
+    b = train.StepBatchSampler(10, 4, seed=1, start_step=3, steps=6)
+    assert list(a)[3:] == list(b)
+    assert sorted(sum(list(a)[:5], [])[:20]) == sorted(list(range(10)) * 2)  # every sample once per epoch
+
+
+def test_lr_schedule_warms_up_then_decays():
+    cfg = TrainConfig(steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    factors = [train.lr_factor(s, cfg) for s in range(100)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert factors[-1] == pytest.approx(0.1, abs=0.01) and all(a >= b for a, b in zip(factors[10:], factors[11:]))
