@@ -3,8 +3,8 @@ SHELL := /bin/bash
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Python 3.12: from PATH first, then from pyenv.
-PY312 := $(shell command -v python3.12 2>/dev/null || \
+# Python 3.12: from PATH first (a pyenv shim on PATH only counts if it runs), then from pyenv's installed versions.
+PY312 := $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null || \
 	(command -v pyenv >/dev/null && PYENV_VERSION=$$(pyenv versions --bare | grep -E '^3\.12' | tail -n 1) pyenv which python3.12 2>/dev/null))
 
 export HF_HUB_OFFLINE := 1
