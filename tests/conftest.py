@@ -41,3 +41,15 @@ def tiny_image_dataset_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("datasets") / "push_tiny_images"
     record("push-v3", TINY_IMAGE_EPISODES, root, images=True, image_size=TINY_IMAGE_SIZE, progress=False)
     return root
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of many tiny ops: on a shared 2-core machine, two spinning threads made
+    them up to 100x slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

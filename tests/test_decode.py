@@ -14,12 +14,7 @@ from vla.sequence import SequenceLayout, VocabMap
 TOKENIZERS = ["fast", "fast_byte_level", "bin", "fsq"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def setup_for(name: str, cameras: int = 0, seed: int = 0):

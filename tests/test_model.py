@@ -12,12 +12,7 @@ from vla.model import PRESETS, build_model, get_preset
 from vla.sequence import SequenceLayout, VocabMap
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

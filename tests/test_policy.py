@@ -19,12 +19,7 @@ S = 5  # state dimension
 CAM = "observation.images.front"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def normalizers() -> tuple[at.Normalizer, at.Normalizer]:

@@ -39,13 +39,7 @@ def fitted_tokenizers() -> dict[str, at.ActionTokenizer]:
     }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine two spinning threads make tiny ops 100x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- vocabulary ----------------------------------------------------------------------------------------------
