@@ -27,14 +27,17 @@ from tqdm.auto import tqdm
 import action_tokenizers as at
 from vla import data
 
+def _fit_fast(chunks: np.ndarray, byte_level: bool = False, **options: Any) -> at.FASTTokenizer:
+    options.setdefault("vocab_size", fast_vocab(chunks, options.get("scale", 10.0)))
+    return at.FASTTokenizer.fit(chunks, byte_level=byte_level, **options)
+
+
 # name -> how to fit it on normalised training chunks (options override the defaults)
 FITTERS: dict[str, Callable[..., at.ActionTokenizer]] = {
-    "fast": lambda chunks, **o: at.FASTTokenizer.fit(chunks, **{"vocab_size": fast_vocab(chunks, o.get("scale", 10.0)), **o}),
-    "fast-bytelevel": lambda chunks, **o: at.FASTTokenizer.fit(
-        chunks, byte_level=True, **{"vocab_size": fast_vocab(chunks, o.get("scale", 10.0)), **o}
-    ),
-    "bin": lambda chunks, **o: at.BinningTokenizer.fit(chunks, **o),
-    "fsq": lambda chunks, **o: at.FSQTokenizer.fit(chunks, **o),
+    "fast": _fit_fast,
+    "fast-bytelevel": lambda chunks, **options: _fit_fast(chunks, byte_level=True, **options),
+    "bin": at.BinningTokenizer.fit,
+    "fsq": at.FSQTokenizer.fit,
 }
 DEFAULT_TOKENIZERS = ("fast", "fast-bytelevel", "bin", "fsq")
 SWEEPS: dict[str, tuple[str, str, list[Any]]] = {  # tokenizer -> (option, label, values)
