@@ -29,6 +29,14 @@ def test_evaluation_runs_short_episodes(tiny_policy, tmp_path):
     assert min(saved["seeds"]) >= evaluate.EVAL_SEED_START
 
 
+def test_evaluation_does_not_depend_on_how_many_envs_run_at_once(tiny_policy):
+    one = evaluate.evaluate(tiny_policy, "push-v3", episodes=3, max_steps=8, num_envs=1, progress=False)
+    three = evaluate.evaluate(tiny_policy, "push-v3", episodes=3, max_steps=8, num_envs=3, progress=False)
+    assert three["num_envs"] == 3 and one["num_envs"] == 1
+    np.testing.assert_allclose(three["returns"], one["returns"], rtol=1e-6)
+    assert three["chunks"] == one["chunks"] == 6
+
+
 def test_evaluation_rejects_training_seeds_and_missing_policy(tiny_policy, tmp_path):
     with pytest.raises(ValueError, match="overlap training seeds"):
         evaluate.evaluate(tiny_policy, "push-v3", episodes=1, seed_start=0, progress=False)

@@ -7,7 +7,7 @@ import pytest
 
 from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, ExpertPolicy, check_task, make_env, task_text
 from vla.sim.record import record
-from vla.sim.rollout import rollout
+from vla.sim.rollout import rollout, run_episode, run_episodes
 
 
 def test_unknown_task_suggests_the_close_one():
@@ -95,6 +95,40 @@ def test_rollout_executes_n_action_steps_of_each_chunk():
     assert policy.resets == 2
     open_loop = rollout(RepeatChunk(horizon=5), "push-v3", episodes=2, seed_start=EVAL_SEED_START + 10)
     assert open_loop["lengths"] != expert["lengths"]  # whole chunks ran: a different trajectory
+
+
+class BatchOf:
+    """A batch policy built from a chunk policy, counting how many observations each call saw."""
+
+    def __init__(self, policy):
+        self.policy, self.batch_sizes = policy, []
+
+    def __call__(self, observations):
+        self.batch_sizes.append(len(observations))
+        return np.stack([np.asarray(self.policy(o)) for o in observations])
+
+
+def test_batched_episodes_match_one_at_a_time():
+    seeds = list(range(EVAL_SEED_START + 20, EVAL_SEED_START + 25))
+    with make_env("push-v3", max_steps=40) as env:
+        one_by_one = [run_episode(env, RepeatChunk(horizon=4), s, n_action_steps=2) for s in seeds]
+    envs = [make_env("push-v3", max_steps=40) for _ in range(3)]
+    batch = BatchOf(RepeatChunk(horizon=4))
+    ended = []
+    try:
+        batched = run_episodes(envs, batch, seeds, n_action_steps=2, on_episode=ended.append)
+    finally:
+        for env in envs:
+            env.close()
+    assert batched == one_by_one  # same seeds, same returns and lengths, in seed order
+    assert sorted(r.seed for r in ended) == seeds
+    assert max(batch.batch_sizes) == 3 and sum(batch.batch_sizes) == sum(-(-r.length // 2) for r in one_by_one)
+
+
+def test_batched_episodes_reject_a_short_batch():
+    with make_env("reach-v3", max_steps=5) as env:
+        with pytest.raises(ValueError, match="returned 0 chunks for 1 observations"):
+            run_episodes([env], lambda observations: np.zeros((0, 2, 4)), [EVAL_SEED_START])
 
 
 def test_rollout_rejects_malformed_policy_output():

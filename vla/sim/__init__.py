@@ -42,7 +42,7 @@ from vla.sim.record import (  # noqa: E402
     default_root,
     ensure_default_dataset,
 )
-from vla.sim.rollout import EpisodeResult, run_episode, summarize  # noqa: E402
+from vla.sim.rollout import EpisodeResult, run_episode, run_episodes, summarize  # noqa: E402
 
 __all__ = [
     "DEFAULT_DATASET_ROOT",
@@ -61,6 +61,7 @@ __all__ = [
     "record",
     "rollout",
     "run_episode",
+    "run_episodes",
     "summarize",
     "task_names",
     "task_text",

@@ -24,6 +24,8 @@ from vla.sim.metaworld_env import (
 )
 
 Policy = Callable[[dict[str, Any]], Any]
+# A batch policy: a list of observations -> actions [B, T, D] (numpy or torch), one chunk per observation.
+BatchPolicy = Callable[[list[dict[str, Any]]], Any]
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,72 @@ def run_episode(
     return EpisodeResult(seed=int(seed), success=bool(success), ret=float(ret), length=length)
 
 
+def run_episodes(
+    envs: list[MetaWorldEnv],
+    policy_fn: BatchPolicy,
+    seeds: list[int] | range,
+    *,
+    n_action_steps: int | None = None,
+    on_step: Callable[[int, dict[str, Any], np.ndarray], None] | None = None,
+    on_episode: Callable[[EpisodeResult], None] | None = None,
+) -> list[EpisodeResult]:
+    """Episodes on ``seeds``, run in lockstep on ``envs`` (one episode per env at a time): the same episodes as
+    ``run_episode`` seed by seed, but the policy sees the observations of every env that needs a new chunk as one
+    batch, so a batched policy (a network on a GPU or a vectorised CPU forward) costs one call per tick, not one
+    per env. An env that finishes starts the next seed at once. Results come back in the order of ``seeds``.
+
+    ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]``; ``on_episode``
+    sees each result as it ends (for a progress bar). A policy with ``reset()`` is reset once, before the first
+    episode: a batch policy must keep no per-episode state (chunks are executed by this loop, not queued in it).
+    """
+    if not envs:
+        raise ValueError("run_episodes needs at least one env")
+    if n_action_steps is not None and n_action_steps < 1:
+        raise ValueError(f"n_action_steps must be at least 1 (or None for whole chunks), got {n_action_steps}")
+    seeds = [int(s) for s in seeds]
+    if hasattr(policy_fn, "reset"):
+        policy_fn.reset()
+    results: list[EpisodeResult | None] = [None] * len(seeds)
+    pending = iter(range(len(seeds)))
+    # per env: [episode index, obs, queued actions, return, length]; None when idle
+    slots: list[list[Any] | None] = [None] * len(envs)
+
+    def start(e: int) -> None:
+        k = next(pending, None)
+        slots[e] = None if k is None else [k, envs[e].reset(seeds[k]), [], 0.0, 0]
+
+    for e in range(len(envs)):
+        start(e)
+    while any(slot is not None for slot in slots):
+        hungry = [e for e, slot in enumerate(slots) if slot is not None and not slot[2]]
+        if hungry:
+            chunks = policy_fn([slots[e][1] for e in hungry])
+            if hasattr(chunks, "detach"):
+                chunks = chunks.detach().cpu().numpy()
+            if len(chunks) != len(hungry):
+                raise ValueError(f"the batch policy returned {len(chunks)} chunks for {len(hungry)} observations")
+            for e, chunk in zip(hungry, chunks):
+                chunk = _as_chunk(chunk, ACTION_DIM)
+                slots[e][2] = list(chunk[: n_action_steps or len(chunk)])
+        for e, slot in enumerate(slots):
+            if slot is None:
+                continue
+            k, obs, queue = slot[0], slot[1], slot[2]
+            action = queue.pop(0)
+            if on_step is not None:
+                on_step(k, obs, action)
+            slot[1], reward, done, info = envs[e].step(action)
+            slot[3] += reward
+            slot[4] += 1
+            if done:
+                results[k] = EpisodeResult(seed=seeds[k], success=bool(info["success"]), ret=float(slot[3]),
+                                           length=slot[4])  # fmt: skip
+                if on_episode is not None:
+                    on_episode(results[k])
+                start(e)
+    return results  # type: ignore[return-value]
+
+
 def rollout(
     policy_fn: Policy,
     task: str,
@@ -130,4 +198,4 @@ def summarize(results: list[EpisodeResult]) -> dict[str, Any]:
     }
 
 
-__all__ = ["EpisodeResult", "rollout", "run_episode", "summarize"]
+__all__ = ["EpisodeResult", "rollout", "run_episode", "run_episodes", "summarize"]
