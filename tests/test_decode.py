@@ -41,6 +41,17 @@ def test_kv_cache_greedy_equals_full_recomputation(name):
         assert cached.ids == full.ids
 
 
+def test_kv_cache_equals_recomputation_with_a_state_encoder():
+    tok = fitted_tokenizers()["fast"]
+    vocab = VocabMap.compact(tok.vocab_size)
+    model = build_model("micro", vocab, num_cameras=0, seed=0, state_dim=4, state_tokens=1).eval()
+    layout = SequenceLayout(vocab, state_encoding="embedding")
+    prompt = layout.build_prefix(["push", "pick up the cube"], np.random.default_rng(0).uniform(-1, 1, (2, 4)))
+    kwargs = dict(vocab=vocab, constraint=tok.constraint(T, D))
+    cached, full = generate(model, prompt, use_cache=True, **kwargs), generate(model, prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached.tokens, full.tokens)
+
+
 @pytest.mark.parametrize("name", TOKENIZERS)
 def test_1000_sampled_chunks_all_decode_with_the_constraint(name, capsys):
     """Random weights, temperature 1: with the constraint every chunk is valid; without it, few are (reported)."""

@@ -126,6 +126,23 @@ def test_state_only_and_missing_images():
         model.loss(seq)
 
 
+def test_state_encoder_writes_the_state_into_its_slots():
+    vocab = VocabMap.compact(16)
+    layout = SequenceLayout(vocab, state_encoding="embedding", state_tokens=2)
+    model = build_model("micro", vocab, num_cameras=0, seed=0, state_dim=3, state_tokens=2).eval()
+    states = np.array([[0.1, 0.2, 0.3], [-0.5, 0.0, 0.9]])
+    seq = layout.build_training_sequence(["push", "push"], states, [[1, 2, 3], [4, 5]])
+    loss, _ = model.loss(seq)
+    other = layout.build_training_sequence(["push", "push"], states[::-1].copy(), [[1, 2, 3], [4, 5]])
+    assert model.loss(other)[0] != loss  # the state reaches the model
+    loss.backward()
+    assert model.state_encoder.net[0].weight.grad.abs().sum() > 0  # and the encoder learns from the loss
+    with pytest.raises(ValueError, match="no state encoder"):
+        build_model("micro", vocab, num_cameras=0, seed=0).loss(seq)
+    with pytest.raises(ValueError, match="needs state_dim"):
+        build_model("micro", vocab, num_cameras=0, state_tokens=1)
+
+
 def test_loss_trains(setup):
     """A few AdamW steps on one batch lower the loss: gradients reach the model through our mask."""
     _, layout, seq, images, _ = setup

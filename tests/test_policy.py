@@ -78,6 +78,8 @@ def test_config_is_registered_and_carries_what_lerobot_needs():
         ({"dtype": "float16"}, "dtype = 'float16'"),
         ({"backbone_path": "/x"}, "preset='paligemma-3b'"),
         ({"action_norm_mode": "quantiles"}, "action_norm_mode"),
+        ({"state_encoding": "continuous"}, "state_encoding = 'continuous' is invalid: use one of text, embedding"),
+        ({"state_tokens": 0}, "state_tokens = 0"),
     ],
 )
 def test_config_errors_name_the_value_and_the_fix(options, message):
@@ -125,10 +127,14 @@ def test_predict_and_the_action_queue():
     assert len(policy._queue) == 0 and policy._previous_action is None
 
 
-@pytest.mark.parametrize("name", ["fast", "bin", "fsq"])
+@pytest.mark.parametrize("name", ["fast", "bin", "fsq", "fast_state_embedding"])
 def test_save_load_round_trip_gives_the_same_actions(name, tmp_path):
     cameras = (CAM,) if name == "fast" else ()
-    policy = make_policy(name, cameras=cameras)
+    if name == "fast_state_embedding":
+        policy = make_policy("fast", state_encoding="embedding", state_tokens=2)
+        assert policy.model.state_encoder is not None
+    else:
+        policy = make_policy(name, cameras=cameras)
     batch = make_batch(cameras=cameras)
     before = policy.predict_action_chunk(batch)
     policy.save_pretrained(tmp_path / "ckpt")

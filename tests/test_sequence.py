@@ -112,6 +112,22 @@ def test_prompt_text_follows_pi0_fast():
     assert clean_task("Open_the DRAWER") == "open the drawer"
 
 
+def test_embedding_state_slots_replace_the_numbers():
+    vocab = VocabMap.compact(16)
+    text, emb = SequenceLayout(vocab), SequenceLayout(vocab, state_encoding="embedding", state_tokens=2)
+    states = np.array([[0.5, -3.0, 0.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]])
+    a, b = text.build_prefix(["push", "push"], states), emb.build_prefix(["push", "push"], states)
+    assert not a.state_slots.any() and b.state_slots.sum(dim=1).tolist() == [2, 2]
+    assert (b.input_ids[b.state_slots] == vocab.text.pad_id).all() and b.valid[b.state_slots].all()
+    assert b.input_ids.shape[1] == a.input_ids.shape[1] - 3  # " " + 2 slots instead of 6 number words
+    assert b.state.tolist()[0] == [0.5, -1.0, 0.0, 0.0, 0.0, 0.0]  # clipped to [-1, 1], as the text path clips
+    assert emb.stats.state_clipped == 1
+    prompt = vocab.text.decode(b.input_ids[0][b.valid[0] & ~b.state_slots[0]].tolist()[1:])
+    assert prompt.startswith("Task: push, State: ;\n")  # the slots sit between "State: " and ";"
+    with pytest.raises(ValueError, match="state_encoding must be one of"):
+        SequenceLayout(vocab, state_encoding="numbers")
+
+
 def test_state_bins_match_numpy_digitize():
     layout = SequenceLayout(VocabMap.compact(16), state_bins=256)
     x = np.random.default_rng(0).uniform(-1, 1, 1000)

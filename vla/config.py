@@ -82,6 +82,7 @@ class PolicyOptions:
     n_action_steps: int = 10  # actions executed from each chunk before predicting again (<= time_horizon)
     image_keys: list[str] = field(default_factory=list)  # cameras to use; empty = state and task only
     image_size: int | None = None  # pixels (square) fed to the vision tower; None = the preset's
+    state_encoding: str = "text"  # "text" (pi0-FAST: integers in the prompt) or "embedding" (an MLP's prefix embeddings)
     temperature: float = 0.0  # 0 = greedy decoding
     constrained: bool = True  # mask logits with the tokenizer's constraint while decoding
     backbone_path: str | None = None  # a local PaliGemma checkpoint folder for the paligemma-3b preset

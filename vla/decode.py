@@ -182,7 +182,7 @@ def generate(
 
     # Prefill: the prompt once (images included); keep the cache and the last position's logits.
     out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
-                images=images, use_cache=use_cache)  # fmt: skip
+                images=images, use_cache=use_cache, state=prompt.state, state_slots=prompt.state_slots)  # fmt: skip
     cache = out.past_key_values if use_cache else None
     logits = model.logits(out.last_hidden_state[:, -1])  # [B, V]
     steps = 0
@@ -211,8 +211,9 @@ def generate(
             ar = torch.cat([prompt.ar, torch.ones_like(new)], dim=1)
             new_positions = next_position[:, None] + torch.arange(step + 1, device=device)  # [B, step + 1]
             positions = torch.cat([prompt.position_ids, new_positions], dim=1)
+            slots = torch.cat([prompt.state_slots, torch.zeros_like(new, dtype=torch.bool)], dim=1)
             out = model(torch.cat([prompt.input_ids, new], dim=1), prefix_lm_mask(valid, ar), positions,
-                        token_type_ids=ar, images=images)  # fmt: skip
+                        token_type_ids=ar, images=images, state=prompt.state, state_slots=slots)  # fmt: skip
         logits = model.logits(out.last_hidden_state[:, -1])
     return _collect(tokens[:, :steps].cpu(), finished.cpu().numpy(), vocab, steps)
 

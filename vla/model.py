@@ -134,12 +134,15 @@ def build_model(
     attn_implementation: str = "sdpa",
     dtype: torch.dtype = torch.float32,
     seed: int | None = None,
+    state_dim: int | None = None,
+    state_tokens: int = 0,
 ) -> PrefixLM:
     """A ``PrefixLM`` of the named size over ``vocab``.
 
     Random weights by default (``seed`` initialises them without touching the global RNG). ``pretrained_path``: a
     local PaliGemma checkpoint folder (config.json + safetensors), read with no network. ``backbone_config``: build
-    exactly this ``PaliGemmaConfig`` (what a saved policy stores) instead of the preset's.
+    exactly this ``PaliGemmaConfig`` (what a saved policy stores) instead of the preset's. ``state_tokens`` > 0 adds a
+    ``StateEncoder`` from a ``state_dim`` state to that many prefix embeddings (``state_encoding="embedding"``).
     """
     spec = get_preset(preset)
     if pretrained_path is not None:
@@ -168,15 +171,46 @@ def build_model(
             f"vocabulary map needs {vocab.model_vocab_size} rows and image id {vocab.text.image_id}; "
             "use VocabMap.paligemma with a PaliGemma checkpoint's tokenizer"
         )
-    return PrefixLM(backbone)
+    encoder = None
+    if state_tokens:
+        if not state_dim:
+            raise ValueError("state_tokens > 0 needs state_dim: the size of the state the encoder reads")
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed + 1)
+            hidden = backbone.config.text_config.hidden_size
+            encoder = StateEncoder(state_dim, hidden, state_tokens).to(device=backbone.device, dtype=dtype)
+    return PrefixLM(backbone, encoder)
+
+
+class StateEncoder(nn.Module):
+    """The normalised state ``[B, S]`` -> ``tokens`` prefix embeddings ``[B, tokens, hidden]`` (a two-layer MLP).
+
+    pi0 feeds its continuous state through a linear layer; pi0-FAST writes it as text, which a pretrained language
+    model reads well. A model trained from scratch has to learn what every number token means from few examples:
+    on Meta-World push the tiny preset reached a lower loss in fewer steps, and a shorter prefix, with this.
+    """
+
+    def __init__(self, state_dim: int, hidden: int, tokens: int = 1):
+        super().__init__()
+        self.state_dim, self.hidden, self.tokens = int(state_dim), int(hidden), int(tokens)
+        width = max(2 * hidden, 256)
+        self.net = nn.Sequential(nn.Linear(state_dim, width), nn.GELU(), nn.Linear(width, hidden * tokens))
+
+    def forward(self, state: torch.Tensor) -> torch.Tensor:
+        if state.shape[-1] != self.state_dim:
+            raise ValueError(f"the state encoder reads {self.state_dim}-D states, got shape {tuple(state.shape)}")
+        return self.net(state).reshape(len(state), self.tokens, self.hidden)
 
 
 class PrefixLM(nn.Module):
-    """PaliGemma driven with an explicit prefix-LM mask. ``backbone`` is the transformers model, unchanged."""
+    """PaliGemma driven with an explicit prefix-LM mask. ``backbone`` is the transformers model, unchanged;
+    ``state_encoder`` (optional) writes the state's embeddings into the prefix's state slots."""
 
-    def __init__(self, backbone: PaliGemmaForConditionalGeneration):
+    def __init__(self, backbone: PaliGemmaForConditionalGeneration, state_encoder: StateEncoder | None = None):
         super().__init__()
         self.backbone = backbone
+        self.state_encoder = state_encoder
 
     @property
     def image_size(self) -> int:
@@ -233,6 +267,8 @@ class PrefixLM(nn.Module):
         past_key_values=None,
         use_cache: bool = False,
         output_hidden_states: bool = False,
+        state: torch.Tensor | None = None,  # float [B, S], normalised; read at state_slots only
+        state_slots: torch.Tensor | None = None,  # bool [B, Lq], positions that take the state's embeddings
     ):
         """Hidden states ``[B, Lq, hidden]`` (``.last_hidden_state``), and the KV cache when ``use_cache``."""
         placeholders = input_ids == self.backbone.config.image_token_id
@@ -240,8 +276,11 @@ class PrefixLM(nn.Module):
             raise ValueError("the ids hold image placeholders but no images were given; pass images [B, N, 3, H, W]")
         if token_type_ids is None:
             token_type_ids = torch.ones_like(input_ids)
+        inputs = {"input_ids": input_ids.to(self.device)}
+        if state_slots is not None and bool(state_slots.any()):
+            inputs = {"inputs_embeds": self.embed_with_state(input_ids, state, state_slots)}
         return self.backbone.model(
-            input_ids=input_ids.to(self.device),
+            **inputs,
             pixel_values=None if images is None else self.pixel_values(images),
             attention_mask=self.additive_mask(mask),
             position_ids=position_ids.to(self.device),
@@ -250,6 +289,19 @@ class PrefixLM(nn.Module):
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
         )
+
+    def embed_with_state(self, input_ids: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``[B, L, hidden]`` with the state encoder's output written into the state slots."""
+        if self.state_encoder is None:
+            raise ValueError("the sequence has state slots but this model has no state encoder; build it with "
+                             "state_tokens > 0 (VLAConfig.state_encoding='embedding')")  # fmt: skip
+        slots = state_slots.to(self.device)
+        per_row = slots.sum(dim=1)
+        if bool((per_row != self.state_encoder.tokens).any()):
+            raise ValueError(f"every row needs {self.state_encoder.tokens} state slots, got {per_row.tolist()}")
+        embeds = self.backbone.get_input_embeddings()(input_ids.to(self.device))
+        values = self.state_encoder(state.to(self.device, embeds.dtype))  # [B, k, hidden]
+        return embeds.masked_scatter(slots[..., None].expand_as(embeds), values.to(embeds.dtype))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., hidden]`` -> ``[..., vocab]`` float32 logits (the tied LM head)."""
@@ -263,7 +315,7 @@ class PrefixLM(nn.Module):
         """
         seq = seq.to(self.device)
         out = self(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.token_type_ids,
-                   images=images)  # fmt: skip
+                   images=images, state=seq.state, state_slots=seq.state_slots)  # fmt: skip
         hidden = out.last_hidden_state[seq.loss_mask]  # [N, hidden], N = suffix targets in the batch
         logits = self.logits(hidden)  # [N, V]
         targets = seq.targets[seq.loss_mask]  # [N]

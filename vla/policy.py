@@ -65,7 +65,14 @@ from action_tokenizers.normalize import NORM_MODES
 
 from .decode import VocabConstraint, generate
 from .model import PRESETS, build_model
-from .sequence import PALIGEMMA_TEXT_VOCAB, TEXT_TOKENIZER_DIR, LocalTextTokenizer, SequenceLayout, VocabMap
+from .sequence import (
+    PALIGEMMA_TEXT_VOCAB,
+    STATE_ENCODINGS,
+    TEXT_TOKENIZER_DIR,
+    LocalTextTokenizer,
+    SequenceLayout,
+    VocabMap,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +111,9 @@ class VLAConfig(PreTrainedConfig):
 
     # --- sequence -----------------------------------------------------------------------------------------
     max_prefix_len: int = 256  # most text tokens in the prefix (BOS + task + state); longer tasks are cut (logged)
-    state_bins: int = 256  # the normalised state is written as integers in [0, state_bins)
+    state_encoding: str = "text"  # "text": pi0-FAST's integers in the prompt; "embedding": an MLP's prefix embeddings
+    state_bins: int = 256  # text: the normalised state is written as integers in [0, state_bins)
+    state_tokens: int = 1  # embedding: prefix embeddings the state encoder writes
     max_action_tokens: int | None = None  # most action ids generated per chunk; None = the constraint's max_length
 
     # --- decoding -----------------------------------------------------------------------------------------
@@ -159,6 +168,9 @@ class VLAConfig(PreTrainedConfig):
         _check(unique, "image_keys", self.image_keys, "list each camera once")
         _check(self.max_prefix_len >= 16, "max_prefix_len", self.max_prefix_len, "use at least 16 (256 is typical)")
         _check(self.state_bins >= 2, "state_bins", self.state_bins, "use at least 2 (256 is openpi's)")
+        _check(self.state_encoding in STATE_ENCODINGS, "state_encoding", self.state_encoding,
+               f"use one of {', '.join(STATE_ENCODINGS)}")  # fmt: skip
+        _check(self.state_tokens >= 1, "state_tokens", self.state_tokens, "use a positive number (1 is typical)")
         _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")
         for name in ("action_norm_mode", "state_norm_mode"):
@@ -313,6 +325,8 @@ class VLAPolicy(PreTrainedPolicy):
             attn_implementation=config.attn_implementation,
             dtype=DTYPES[config.dtype],
             seed=config.init_seed,
+            state_dim=config.state_dim,
+            state_tokens=config.state_tokens if config.state_encoding == "embedding" else 0,
         )
         self.layout = SequenceLayout(
             self.vocab,
@@ -320,6 +334,8 @@ class VLAPolicy(PreTrainedPolicy):
             num_cameras=len(config.image_keys),
             max_prefix_len=config.max_prefix_len,
             state_bins=config.state_bins,
+            state_encoding=config.state_encoding,
+            state_tokens=config.state_tokens,
         )
         self.constraint = VocabConstraint(self.action_tokenizer.constraint(time_horizon=t, action_dim=d), self.vocab)
         self.max_new_tokens = (config.max_action_tokens or self.constraint.max_length) + 1  # + "|"

@@ -7,6 +7,9 @@ pi0-FAST's layout (openpi; see REFERENCE.md), one row per sample:
 
 * ``{task}`` is lower-cased, stripped, ``_`` -> space; ``{s}`` is the *normalised* state cut into ``state_bins``
   uniform bins over [-1, 1], written as space-separated integers (values outside [-1, 1] are clipped and counted).
+* ``state_encoding="embedding"`` (a departure from pi0-FAST, for models trained from scratch): the prompt reads
+  ``"Task: {task}, State: " <s_1>..<s_k> ";\n"`` where the ``k`` state slots are not ids but embeddings the model
+  computes from the normalised state (``vla.model.StateEncoder``); ``Sequence.state_slots`` marks them.
 * The prefix-LM mask (openpi's cumulative-sum trick): every token carries ``ar`` (0 in the prefix, 1 in the suffix)
   and ``valid`` (0 for padding). Query q may attend key k iff both are valid and ``cumsum(ar)[k] <= cumsum(ar)[q]``:
   the prefix (cumsum 0) sees the whole prefix and never the suffix; suffix token i sees the prefix and suffix
@@ -37,6 +40,9 @@ import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
+
+STATE_ENCODINGS = ("text", "embedding")
+_STATE_SLOT = -1  # marks a state slot in a prefix row until _pack turns it into a padded id + state_slots
 
 ACTION_MARKER = "Action: "  # the first suffix tokens: fixed, so fed with the prompt at inference
 END_OF_ACTIONS = "|"  # closes the action ids; generation stops here
@@ -244,6 +250,8 @@ class Sequence:
     loss_mask: torch.Tensor  # bool [B, L], positions whose target is a suffix token
     action_mask: torch.Tensor  # bool [B, L], positions whose target is an action id
     prefix_len: torch.Tensor  # long [B], prefix tokens per row (padding excluded)
+    state: torch.Tensor  # float32 [B, S], the normalised state (read by the model only at state slots)
+    state_slots: torch.Tensor  # bool [B, L], positions whose embedding comes from ``state`` (all False for text)
 
     @property
     def attention_mask(self) -> torch.Tensor:
@@ -284,6 +292,8 @@ class SequenceLayout:
     ``image_tokens``: image tokens per camera; ``num_cameras``: cameras per observation (0: state + task only);
     ``max_prefix_len``: most *text* tokens in the prefix (BOS + task + state; image tokens not counted). A task
     that does not fit is cut (a logged, counted truncation); a state that does not fit alone is an error.
+    ``state_encoding``: ``"text"`` (pi0-FAST: the state as ``state_bins`` integers) or ``"embedding"`` (``state_tokens``
+    slots the model fills from the continuous state).
     """
 
     def __init__(
@@ -294,9 +304,17 @@ class SequenceLayout:
         num_cameras: int = 0,
         max_prefix_len: int = 256,
         state_bins: int = 256,
+        state_encoding: str = "text",
+        state_tokens: int = 1,
     ):
         if state_bins < 2:
             raise ValueError(f"state_bins must be >= 2, got {state_bins}")
+        if state_encoding not in STATE_ENCODINGS:
+            raise ValueError(f"state_encoding must be one of {', '.join(STATE_ENCODINGS)}, got {state_encoding!r}")
+        if state_tokens < 1:
+            raise ValueError(f"state_tokens must be >= 1, got {state_tokens}")
+        self.state_encoding = state_encoding
+        self.state_tokens = int(state_tokens)
         self.vocab = vocab
         self.image_tokens = int(image_tokens)
         self.num_cameras = int(num_cameras)
@@ -320,14 +338,28 @@ class SequenceLayout:
         return np.digitize(np.clip(state, -1.0, 1.0), self._edges) - 1
 
     def prefix_text_ids(self, task: str, state: np.ndarray) -> list[int]:
-        """``BOS "Task: {task}, State: {s};\\n"`` as ids, cutting the task (logged) if it does not fit."""
+        """``BOS "Task: {task}, State: {s};\\n"`` as ids, cutting the task (logged) if it does not fit.
+
+        With ``state_encoding="embedding"`` the state is ``state_tokens`` slots, written as ``-1`` here.
+        """
         task = clean_task(task)
-        state_text = " ".join(str(int(b)) for b in self.state_bins_of(state))
         encode = self.vocab.text.encode
-        ids = [self.vocab.text.bos_id, *encode(f"Task: {task}, State: {state_text};\n")]
+        if self.state_encoding == "text":
+            state_text = " ".join(str(int(b)) for b in self.state_bins_of(state))
+
+            def render(task: str) -> list[int]:
+                return [self.vocab.text.bos_id, *encode(f"Task: {task}, State: {state_text};\n")]
+        else:
+            self.state_bins_of(state)  # the same checks and clipping counts as the text path
+            slots, tail = [_STATE_SLOT] * self.state_tokens, encode(";\n")
+
+            def render(task: str) -> list[int]:
+                return [self.vocab.text.bos_id, *encode(f"Task: {task}, State: "), *slots, *tail]
+
+        ids = render(task)
         if len(ids) <= self.max_prefix_len:
             return ids
-        bare = 1 + len(encode(f"Task: , State: {state_text};\n"))
+        bare = len(render(""))
         if bare > self.max_prefix_len:
             raise ValueError(
                 f"the prompt needs {bare} text tokens for a {len(state)}-D state alone, more than max_prefix_len "
@@ -336,7 +368,7 @@ class SequenceLayout:
         original = task
         while len(ids) > self.max_prefix_len:  # cut whole characters until it fits (exact for bytes)
             task = task[: max(0, len(task) - max(1, len(ids) - self.max_prefix_len))]
-            ids = [self.vocab.text.bos_id, *encode(f"Task: {task}, State: {state_text};\n")]
+            ids = render(task)
         self.stats.tasks_truncated += 1
         logger.warning(
             "task %r is too long for max_prefix_len %d: cut to %r (%d truncations so far); raise max_prefix_len "
@@ -364,7 +396,7 @@ class SequenceLayout:
         states = self._check_batch(tasks, states)
         marker = list(self.vocab.marker_ids) if with_marker else []
         rows = [(self.prefix_ids(t, s), marker) for t, s in zip(tasks, states)]
-        return self._pack(rows, pad_left=True)
+        return self._pack(rows, states, pad_left=True)
 
     def build_training_sequence(
         self, tasks: list[str], states: np.ndarray, action_ids: list[list[int]]
@@ -374,7 +406,7 @@ class SequenceLayout:
         if len(action_ids) != len(tasks):
             raise ValueError(f"{len(action_ids)} action id rows for {len(tasks)} tasks; pass one row per sample")
         rows = [(self.prefix_ids(t, s), self.suffix_ids(a)) for t, s, a in zip(tasks, states, action_ids)]
-        return self._pack(rows, pad_left=False)
+        return self._pack(rows, states, pad_left=False)
 
     def _check_batch(self, tasks: list[str], states: np.ndarray) -> np.ndarray:
         if isinstance(tasks, str):
@@ -386,8 +418,8 @@ class SequenceLayout:
             raise ValueError(f"{len(tasks)} tasks for {len(states)} states; pass one task per sample")
         return states
 
-    def _pack(self, rows: list[tuple[list[int], list[int]]], pad_left: bool) -> Sequence:
-        """Rows of (prefix ids, suffix ids) -> one padded ``Sequence``."""
+    def _pack(self, rows: list[tuple[list[int], list[int]]], states: np.ndarray, pad_left: bool) -> Sequence:
+        """Rows of (prefix ids, suffix ids) and their normalised states -> one padded ``Sequence``."""
         pad = self.vocab.text.pad_id
         width = max(len(p) + len(s) for p, s in rows)
         b = len(rows)
@@ -400,6 +432,8 @@ class SequenceLayout:
             input_ids[i, start : start + n] = torch.tensor(prefix + suffix, dtype=torch.long)
             valid[i, start : start + n] = True
             ar[i, start + len(prefix) : start + n] = 1
+        state_slots = input_ids == _STATE_SLOT
+        input_ids[state_slots] = pad  # never embedded: the model writes the state's embedding there
         position_ids = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0) * valid
         # Position i predicts token i + 1; it counts in the loss when token i + 1 is a (valid) suffix token.
         targets = torch.full_like(input_ids, pad)
@@ -409,5 +443,7 @@ class SequenceLayout:
         action_mask = target_in_suffix & self.vocab.is_action(targets)
         targets = torch.where(target_in_suffix, targets, pad)
         prefix_len = torch.tensor([len(p) for p, _ in rows], dtype=torch.long)
-        return Sequence(input_ids, valid, ar, position_ids, targets, target_in_suffix, action_mask, prefix_len)
+        state = torch.as_tensor(np.clip(states, -1.0, 1.0), dtype=torch.float32)  # clipped as the text path is
+        return Sequence(input_ids, valid, ar, position_ids, targets, target_in_suffix, action_mask, prefix_len,
+                        state, state_slots)  # fmt: skip
 
