@@ -14,6 +14,7 @@ import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 from tests.test_sequence import D, T, fitted_tokenizers, write_gemma_like_tokenizer
 from vla.policy import VLAConfig, VLAPolicy, make_vla_pre_post_processors
+from vla.sequence import prompt_words
 
 S = 5  # state dimension
 CAM = "observation.images.front"
@@ -131,8 +132,9 @@ def test_predict_and_the_action_queue():
 def test_save_load_round_trip_gives_the_same_actions(name, tmp_path):
     cameras = (CAM,) if name == "fast" else ()
     if name == "fast_state_embedding":
-        policy = make_policy("fast", state_encoding="embedding", state_tokens=2)
-        assert policy.model.state_encoder is not None
+        words = prompt_words(["pick up the cube", "push the puck"])
+        policy = make_policy("fast", state_encoding="embedding", state_tokens=2, text_words=words)
+        assert policy.model.state_encoder is not None and policy.vocab.text.words == tuple(words)
     else:
         policy = make_policy(name, cameras=cameras)
     batch = make_batch(cameras=cameras)
@@ -141,6 +143,8 @@ def test_save_load_round_trip_gives_the_same_actions(name, tmp_path):
     loaded = VLAPolicy.from_pretrained(tmp_path / "ckpt")
     after = loaded.predict_action_chunk(batch)
     assert torch.equal(before, after)
+    assert loaded.vocab.model_vocab_size == policy.vocab.model_vocab_size
+    assert getattr(loaded.vocab.text, "words", ()) == getattr(policy.vocab.text, "words", ())
     assert loaded.config.action_dim == D and loaded.config.state_dim == S
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert saved["type"] == "vla" and saved["time_horizon"] == T and saved["preset"] == "micro"

@@ -20,6 +20,7 @@ from vla.sequence import (
     VocabMap,
     clean_task,
     prefix_lm_mask,
+    prompt_words,
 )
 
 T, D = 10, 3  # small chunks keep every test fast
@@ -63,6 +64,29 @@ def test_byte_text_tokenizer_round_trips_any_string():
         ids = text.encode(s)
         assert all(text.offset <= i < text.size for i in ids)
         assert text.decode(ids) == s
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40), st.lists(st.text(min_size=1, max_size=6), max_size=6, unique=True))
+def test_byte_text_tokenizer_with_words_round_trips(s, words):
+    text = ByteTextTokenizer(words)
+    ids = text.encode(s)
+    assert all(text.offset <= i < text.size for i in ids) and text.decode(ids) == s
+
+
+def test_prompt_words_shorten_the_prompt():
+    words = prompt_words(["push the puck to a goal", "Pick_up the cube"])
+    assert words[:4] == ["Task:", ", State:", ";\n", "Action: "] and " pick" in words and " the" in words
+    assert len(set(words)) == len(words)
+    plain, worded = SequenceLayout(VocabMap.compact(16)), SequenceLayout(VocabMap.compact(16, words))
+    state = np.array([0.0, 0.5, -1.0])
+    a, b = plain.prefix_text_ids("push the puck to a goal", state), worded.prefix_text_ids("push the puck to a goal", state)
+    assert worded.vocab.text.decode(b) == plain.vocab.text.decode(a)  # the same text
+    assert len(b) == 1 + 8 + 3 + 1  # BOS, 8 words, 3 numbers, ";\n"
+    assert len(a) == 1 + 37 + 3 + 2
+    assert worded.vocab.marker_ids == (worded.vocab.text.word_offset + 3,)
+    with pytest.raises(ValueError, match="distinct non-empty"):
+        ByteTextTokenizer(["a", "a"])
 
 
 def write_gemma_like_tokenizer(directory) -> None:

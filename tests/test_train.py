@@ -50,6 +50,8 @@ def test_checkpoints_are_complete_and_tokenizer_travels(tiny_dataset_root, tmp_p
     assert {"policy", "optimizer.safetensors", "rng.safetensors", "trainer_state.json", "ema.safetensors"} <= names
     assert (ckpt / "policy" / "action_tokenizer" / "action_tokenizer.json").is_file()
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+    saved = json.loads((ckpt / "policy" / "config.json").read_text())
+    assert saved["text_words"][:4] == ["Task:", ", State:", ";\n", "Action: "]  # the prompt's words, one id each
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tiny_dataset_root, tmp_path):

@@ -114,6 +114,9 @@ class VLAConfig(PreTrainedConfig):
     state_encoding: str = "text"  # "text": pi0-FAST's integers in the prompt; "embedding": an MLP's prefix embeddings
     state_bins: int = 256  # text: the normalised state is written as integers in [0, state_bins)
     state_tokens: int = 1  # embedding: prefix embeddings the state encoder writes
+    # Compact vocabulary only: words given one id each (vla.sequence.prompt_words: the template's and the tasks').
+    # Training fills it from the dataset's tasks; other text is spelled in bytes. Empty = bytes and numbers only.
+    text_words: list[str] = field(default_factory=list)
     max_action_tokens: int | None = None  # most action ids generated per chunk; None = the constraint's max_length
 
     # --- decoding -----------------------------------------------------------------------------------------
@@ -311,7 +314,7 @@ class VLAPolicy(PreTrainedPolicy):
         # The vocabulary: compact (bytes + actions) or PaliGemma's own, read from a local folder.
         text_dir = text_tokenizer_dir or config.backbone_path
         if text_dir is None:
-            self.vocab = VocabMap.compact(self.action_tokenizer.vocab_size)
+            self.vocab = VocabMap.compact(self.action_tokenizer.vocab_size, words=config.text_words)
         else:
             text = LocalTextTokenizer(text_dir, size=PALIGEMMA_TEXT_VOCAB)
             self.vocab = VocabMap.paligemma(text, self.action_tokenizer.vocab_size)

@@ -18,8 +18,8 @@ pi0-FAST's layout (openpi; see REFERENCE.md), one row per sample:
 * The loss is next-token cross-entropy on the suffix only (``Action: ``, the action ids, ``|`` and EOS).
 
 Vocabulary (``VocabMap``): text ids, then action ids. Two layouts:
-* ``compact`` (default, no download): 4 special ids, 256 byte ids and 256 number ids (a built-in text
-  tokenizer, ``ByteTextTokenizer``), then action id ``t`` at ``516 + t``.
+* ``compact`` (default, no download): 4 special ids, 256 byte ids, 256 number ids and optionally one id per
+  listed word (a built-in text tokenizer, ``ByteTextTokenizer``), then action id ``t`` at ``516 + words + t``.
 * ``paligemma``: PaliGemma's own 257152-id Gemma vocabulary, read from a local ``tokenizer.json``; action id
   ``t`` reuses text id ``257152 - 1 - 128 - t`` (openpi's mapping: the top 128 ids are special tokens).
 
@@ -67,29 +67,45 @@ class TextTokenizer(Protocol):
 
 
 class ByteTextTokenizer:
-    """A compact, download-free text vocabulary: 4 special ids, one id per UTF-8 byte, one id per small number.
+    """A compact, download-free text vocabulary: 4 special ids, one id per UTF-8 byte, one id per small number,
+    and optionally one id per listed word.
 
-    ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<image>`` 3, byte ``b`` -> ``4 + b``, and the word ``" n"`` (a space
-    then an integer ``0 <= n < 256`` written without leading zeros) -> ``260 + n``. The number words keep the
-    discretised state short: a 39-D state is 39 ids instead of ~150 bytes, which is most of the prefix and
-    so most of the compute of a small model. Every string encodes, and decodes back to itself.
+    ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<image>`` 3, byte ``b`` -> ``4 + b``, the word ``" n"`` (a space then an
+    integer ``0 <= n < 256`` written without leading zeros) -> ``260 + n``, and ``words[i]`` -> ``516 + i``. The
+    number words keep the discretised state short (a 39-D state is 39 ids instead of ~150 bytes); the listed words
+    do the same for the prompt's fixed text and the task (``prompt_words``): a small model's compute grows with
+    the sequence, and "Task: push the puck to a goal, State:" is 37 bytes but 8 words. Every string encodes (the
+    longest listed word wins; anything else falls back to bytes), and decodes back to itself.
     """
 
     name = "bytes"
     pad_id, bos_id, eos_id, image_id = 0, 1, 2, 3
     offset = 4
     number_offset = offset + 256
-    size = number_offset + 256
-    _number = re.compile(r" (0|[1-9][0-9]{0,2})(?![0-9])")
+    word_offset = number_offset + 256
+    _number = r" (?P<number>0|[1-9][0-9]{0,2})(?![0-9])"
+
+    def __init__(self, words: list[str] | tuple[str, ...] = ()):
+        words = tuple(words)
+        bad = [w for w in words if not isinstance(w, str) or not w]
+        if bad or len(set(words)) != len(words):
+            raise ValueError(f"words must be distinct non-empty strings, got {list(words)}")
+        self.words = words
+        self.size = self.word_offset + len(words)
+        self._word_ids = {w: self.word_offset + i for i, w in enumerate(words)}
+        alternatives = [self._number]
+        if words:  # longest first, so the regex prefers " pushing" to " push"
+            alternatives.append("(?P<word>" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + ")")
+        self._pattern = re.compile("|".join(alternatives))
 
     def encode(self, text: str) -> list[int]:
         ids, pos = [], 0
-        for match in self._number.finditer(text):
-            value = int(match.group(1))
-            if value >= 256:
-                continue
+        for match in self._pattern.finditer(text):
+            number = match.group("number")
+            if number is not None and int(number) >= 256:
+                continue  # spelled out in bytes
             ids.extend(self.offset + b for b in text[pos : match.start()].encode("utf-8"))
-            ids.append(self.number_offset + value)
+            ids.append(self.number_offset + int(number) if number is not None else self._word_ids[match.group()])
             pos = match.end()
         ids.extend(self.offset + b for b in text[pos:].encode("utf-8"))
         return ids
@@ -99,10 +115,27 @@ class ByteTextTokenizer:
         for i in ids:
             if self.offset <= i < self.number_offset:
                 pending.append(i - self.offset)
-            elif self.number_offset <= i < self.size:
-                out.append(pending.decode("utf-8", errors="replace") + f" {i - self.number_offset}")
-                pending = bytearray()
+                continue
+            if self.number_offset <= i < self.word_offset:
+                piece = f" {i - self.number_offset}"
+            elif self.word_offset <= i < self.size:
+                piece = self.words[i - self.word_offset]
+            else:
+                continue  # special ids carry no text
+            out.append(pending.decode("utf-8", errors="replace") + piece)
+            pending = bytearray()
         return "".join(out) + pending.decode("utf-8", errors="replace")
+
+
+def prompt_words(tasks: list[str]) -> list[str]:
+    """Words worth one id each for prompts about ``tasks``: the template's fixed pieces, then every task's words
+    (with their leading space), in first-seen order. For ``ByteTextTokenizer(words=...)``."""
+    fixed = ["Task:", ", State:", ";\n", ACTION_MARKER]  # no space after "State:": numbers are " n" words
+    found = dict.fromkeys(fixed)
+    for task in tasks:
+        for piece in re.findall(r" ?[^ ]+", clean_task(task)):
+            found.setdefault(piece if piece.startswith(" ") else " " + piece, None)
+    return list(found)
 
 
 class LocalTextTokenizer:
@@ -169,8 +202,8 @@ class VocabMap:
     marker_ids: tuple[int, ...] = field(init=False)  # "Action: "
 
     @classmethod
-    def compact(cls, action_vocab_size: int) -> VocabMap:
-        text = ByteTextTokenizer()
+    def compact(cls, action_vocab_size: int, words: list[str] | tuple[str, ...] = ()) -> VocabMap:
+        text = ByteTextTokenizer(words)
         return cls(text, int(action_vocab_size), "compact", text.size + int(action_vocab_size), text.size)
 
     @classmethod

@@ -29,6 +29,7 @@ from action_tokenizers.base import atomic_directory, atomic_write_text, read_jso
 from vla import data
 from vla.config import TrainConfig
 from vla.policy import VLAConfig, VLAPolicy
+from vla.sequence import prompt_words
 
 CHECKPOINTS = "checkpoints"
 LAST = "last.json"
@@ -80,8 +81,11 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
     chunks, _ = data.action_chunks(root, horizon, episodes=train_episodes)
     tokenizer = cfg.tokenizer.build(action_norm.normalize(chunks))
     options = asdict(cfg.policy)
+    # The compact vocabulary gives the prompt's words one id each (PaliGemma's own tokenizer already does).
+    words = [] if cfg.policy.backbone_path else prompt_words(info.tasks)
     config = VLAConfig(
         **{k: v for k, v in options.items() if v is not None},
+        text_words=words,
         action_dim=info.action_dim,
         state_dim=info.state_dim,
         init_seed=cfg.seed,
