@@ -2,6 +2,7 @@
 """Training throughput: samples/s and tokens/s of one optimiser step, per preset and tokenizer.
 
     python scripts/bench_train.py --out results/bench_train.json [--presets tiny,small] [--steps 10]
+        [--state-encodings text,embedding]
 
 Runs on the default Meta-World dataset (recorded first if missing), state only, batch 32, AdamW; the first two
 steps are warm-up and not timed. On a machine with CUDA it measures there too (bf16 autocast).
@@ -22,10 +23,10 @@ from vla.config import BinConfig, FASTConfig, PolicyOptions, TrainConfig
 from vla.sim.record import DEFAULT_DATASET_ROOT, ensure_default_dataset
 
 
-def measure(preset: str, tokenizer, device: str, steps: int, batch_size: int) -> dict:
+def measure(preset: str, tokenizer, device: str, steps: int, batch_size: int, state_encoding: str = "text") -> dict:
     cfg = TrainConfig(
         dataset_root=str(DEFAULT_DATASET_ROOT), tokenizer=tokenizer, batch_size=batch_size, progress=False,
-        policy=PolicyOptions(preset=preset, time_horizon=10, n_action_steps=5),
+        policy=PolicyOptions(preset=preset, time_horizon=10, n_action_steps=5, state_encoding=state_encoding),
     )  # fmt: skip
     info = data.dataset_info(cfg.dataset_root)
     episodes = info.episode_index.tolist()
@@ -53,6 +54,7 @@ def measure(preset: str, tokenizer, device: str, steps: int, batch_size: int) ->
     return {
         "preset": preset,
         "tokenizer": tokenizer.type,
+        "state_encoding": state_encoding,
         "device": device,
         "batch_size": batch_size,
         "params_m": sum(p.numel() for p in policy.parameters()) / 1e6,
@@ -68,6 +70,7 @@ def main() -> None:
     parser.add_argument("--presets", default="tiny,small")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--state-encodings", default="text,embedding", help="policy.state_encoding values to measure")
     args = parser.parse_args()
     ensure_default_dataset()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -75,9 +78,10 @@ def main() -> None:
     for device in devices:
         for preset in args.presets.split(","):
             for tok in (FASTConfig(), BinConfig()):
-                row = measure(preset, tok, device, args.steps, args.batch_size)
-                print(json.dumps(row))
-                rows.append(row)
+                for encoding in args.state_encodings.split(","):
+                    row = measure(preset, tok, device, args.steps, args.batch_size, encoding)
+                    print(json.dumps(row))
+                    rows.append(row)
     meta = {"threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from vla.config import FASTConfig, FSQConfig, TrainConfig, load_config
+from vla.config import FASTConfig, FSQConfig, PolicyOptions, TrainConfig, load_config
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
@@ -28,7 +28,12 @@ def test_overrides_with_a_choice_type():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"steps": 0}, "steps must be"), ({"ema_decay": 1.0}, "ema_decay"), ({"mixed_precision": "fp8"}, "mixed_precision")],
+    [
+        ({"steps": 0}, "steps must be"),
+        ({"ema_decay": 1.0}, "ema_decay"),
+        ({"mixed_precision": "fp8"}, "mixed_precision"),
+        ({"policy": PolicyOptions(state_encoding="float")}, "state_encoding must be one of text, embedding"),
+    ],
 )
 def test_validation_names_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -15,6 +15,7 @@ import draccus
 import numpy as np
 
 import action_tokenizers as at
+from vla.sequence import STATE_ENCODINGS
 
 
 # --- action tokenizers: one choice registry, one dataclass per tokenizer --------------------------------------
@@ -125,6 +126,10 @@ class TrainConfig:
             (
                 self.mixed_precision in ("auto", "no", "bf16", "fp16"),
                 f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}",
+            ),
+            (
+                self.policy.state_encoding in STATE_ENCODINGS,
+                f"policy.state_encoding must be one of {', '.join(STATE_ENCODINGS)}, got {self.policy.state_encoding!r}",
             ),
             (
                 1 <= self.policy.n_action_steps <= self.policy.time_horizon,
