@@ -60,24 +60,11 @@ def run_episode(
     on_step: Callable[[dict[str, Any], np.ndarray], None] | None = None,
 ) -> EpisodeResult:
     """One closed-loop episode on ``seed``. ``on_step(obs, action)`` sees each action before it runs."""
-    if n_action_steps is not None and n_action_steps < 1:
-        raise ValueError(f"n_action_steps must be at least 1 (or None for whole chunks), got {n_action_steps}")
     if hasattr(policy_fn, "reset"):
         policy_fn.reset()
-    obs = env.reset(seed)
-    ret, length, success, done = 0.0, 0, False, False
-    while not done:
-        chunk = _as_chunk(policy_fn(obs), ACTION_DIM)  # [T, 4]
-        for action in chunk[: n_action_steps or len(chunk)]:
-            if on_step is not None:
-                on_step(obs, action)
-            obs, reward, done, info = env.step(action)
-            ret += reward
-            length += 1
-            success = info["success"]
-            if done:
-                break
-    return EpisodeResult(seed=int(seed), success=bool(success), ret=float(ret), length=length)
+    step_hook = None if on_step is None else (lambda k, obs, action: on_step(obs, action))
+    return run_episodes([env], lambda observations: [policy_fn(observations[0])], [seed],
+                        n_action_steps=n_action_steps, on_step=step_hook)[0]  # fmt: skip
 
 
 def run_episodes(
