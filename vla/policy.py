@@ -214,20 +214,8 @@ class VLAConfig(PreTrainedConfig):
         """Reconcile the dimensions with LeRobot's features, filling whichever side is missing."""
         self.input_features = dict(self.input_features or {})
         self.output_features = dict(self.output_features or {})
-        state = self.input_features.get(STATE)
-        if state is not None:
-            s = int(state.shape[-1])
-            _check(self.state_dim in (None, s), "state_dim", self.state_dim, f"the data's state is {s}-D; set {s}")
-            self.state_dim = s
-        elif self.state_dim is not None:
-            self.input_features[STATE] = PolicyFeature(FeatureType.STATE, (self.state_dim,))
-        action = self.output_features.get(ACTION)
-        if action is not None:
-            d = int(action.shape[-1])
-            _check(self.action_dim in (None, d), "action_dim", self.action_dim, f"the data's action is {d}-D; set {d}")
-            self.action_dim = d
-        elif self.action_dim is not None:
-            self.output_features[ACTION] = PolicyFeature(FeatureType.ACTION, (self.action_dim,))
+        self._reconcile_dim(self.input_features, STATE, FeatureType.STATE, "state_dim")
+        self._reconcile_dim(self.output_features, ACTION, FeatureType.ACTION, "action_dim")
         visual = [k for k, ft in self.input_features.items() if ft.type is FeatureType.VISUAL]
         for key in self.image_keys:
             if key in self.input_features:
@@ -238,6 +226,17 @@ class VLAConfig(PreTrainedConfig):
                 raise ValueError(f"image_keys has {key!r}, which the data lacks{hint} (cameras: {', '.join(visual)})")
             size = self.image_size or PRESETS[self.preset].image_size
             self.input_features[key] = PolicyFeature(FeatureType.VISUAL, (3, size, size))
+
+    def _reconcile_dim(self, features: dict, key: str, kind: FeatureType, name: str) -> None:
+        """The data's feature sets ``name`` (which must agree if set); without one, ``name`` creates the feature."""
+        feature, value = features.get(key), getattr(self, name)
+        if feature is not None:
+            n = int(feature.shape[-1])
+            what = key.rsplit(".", 1)[-1]
+            _check(value in (None, n), name, value, f"the data's {what} is {n}-D; set {n}")
+            setattr(self, name, n)
+        elif value is not None:
+            features[key] = PolicyFeature(kind, (value,))
 
 
 def _check(ok: bool, name: str, value: Any, fix: str) -> None:

@@ -361,14 +361,18 @@ class SequenceLayout:
         return self.image_tokens * self.num_cameras
 
     # --- text ----------------------------------------------------------------------------------------------
-    def state_bins_of(self, state: np.ndarray) -> np.ndarray:
-        """Normalised state ``[S]`` -> ints in ``[0, state_bins)`` (openpi's ``np.digitize``), clipping counted."""
+    def clipped_state(self, state: np.ndarray) -> np.ndarray:
+        """Normalised state ``[S]`` checked (finite) and clipped to [-1, 1]; clipped values are counted."""
         state = np.asarray(state, dtype=np.float64).reshape(-1)
         if not np.isfinite(state).all():
             raise ValueError("the state contains NaN or inf; check the observation and the state normaliser")
         self.stats.state_values += state.size
         self.stats.state_clipped += int(((state < -1.0) | (state > 1.0)).sum())
-        return np.digitize(np.clip(state, -1.0, 1.0), self._edges) - 1
+        return np.clip(state, -1.0, 1.0)
+
+    def state_bins_of(self, state: np.ndarray) -> np.ndarray:
+        """Normalised state ``[S]`` -> ints in ``[0, state_bins)`` (openpi's ``np.digitize``), clipping counted."""
+        return np.digitize(self.clipped_state(state), self._edges) - 1
 
     def prefix_text_ids(self, task: str, state: np.ndarray) -> list[int]:
         """``BOS "Task: {task}, State: {s};\\n"`` as ids, cutting the task (logged) if it does not fit.
@@ -383,7 +387,7 @@ class SequenceLayout:
             def render(task: str) -> list[int]:
                 return [self.vocab.text.bos_id, *encode(f"Task: {task}, State: {state_text};\n")]
         else:
-            self.state_bins_of(state)  # the same checks and clipping counts as the text path
+            self.clipped_state(state)  # checked and counted here; _pack stores the clipped values
             slots, tail = [_STATE_SLOT] * self.state_tokens, encode(";\n")
 
             def render(task: str) -> list[int]:

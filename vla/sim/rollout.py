@@ -10,7 +10,7 @@ same here as it did there on the same seeds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,17 @@ class EpisodeResult:
     success: bool
     ret: float  # sum of rewards
     length: int  # actions executed
+
+
+@dataclass
+class _Running:
+    """One env's episode in ``run_episodes``: which seed it runs, where it is, the actions left from its chunk."""
+
+    index: int  # position in ``seeds``
+    obs: dict[str, Any]
+    queue: list[np.ndarray] = field(default_factory=list)
+    ret: float = 0.0
+    length: int = 0
 
 
 def _as_chunk(actions: Any, action_dim: int) -> np.ndarray:
@@ -94,41 +105,39 @@ def run_episodes(
         policy_fn.reset()
     results: list[EpisodeResult | None] = [None] * len(seeds)
     pending = iter(range(len(seeds)))
-    # per env: [episode index, obs, queued actions, return, length]; None when idle
-    slots: list[list[Any] | None] = [None] * len(envs)
+    running: list[_Running | None] = [None] * len(envs)  # per env: its episode, or None once seeds run out
 
     def start(e: int) -> None:
         k = next(pending, None)
-        slots[e] = None if k is None else [k, envs[e].reset(seeds[k]), [], 0.0, 0]
+        running[e] = None if k is None else _Running(k, envs[e].reset(seeds[k]))
 
     for e in range(len(envs)):
         start(e)
-    while any(slot is not None for slot in slots):
-        hungry = [e for e, slot in enumerate(slots) if slot is not None and not slot[2]]
+    while any(run is not None for run in running):
+        hungry = [e for e, run in enumerate(running) if run is not None and not run.queue]
         if hungry:
-            chunks = policy_fn([slots[e][1] for e in hungry])
+            chunks = policy_fn([running[e].obs for e in hungry])
             if hasattr(chunks, "detach"):
                 chunks = chunks.detach().cpu().numpy()
             if len(chunks) != len(hungry):
                 raise ValueError(f"the batch policy returned {len(chunks)} chunks for {len(hungry)} observations")
             for e, chunk in zip(hungry, chunks):
                 chunk = _as_chunk(chunk, ACTION_DIM)
-                slots[e][2] = list(chunk[: n_action_steps or len(chunk)])
-        for e, slot in enumerate(slots):
-            if slot is None:
+                running[e].queue = list(chunk[: n_action_steps or len(chunk)])
+        for e, run in enumerate(running):
+            if run is None:
                 continue
-            k, obs, queue = slot[0], slot[1], slot[2]
-            action = queue.pop(0)
+            action = run.queue.pop(0)
             if on_step is not None:
-                on_step(k, obs, action)
-            slot[1], reward, done, info = envs[e].step(action)
-            slot[3] += reward
-            slot[4] += 1
+                on_step(run.index, run.obs, action)
+            run.obs, reward, done, info = envs[e].step(action)
+            run.ret += reward
+            run.length += 1
             if done:
-                results[k] = EpisodeResult(seed=seeds[k], success=bool(info["success"]), ret=float(slot[3]),
-                                           length=slot[4])  # fmt: skip
+                result = EpisodeResult(seeds[run.index], bool(info["success"]), float(run.ret), run.length)
+                results[run.index] = result
                 if on_episode is not None:
-                    on_episode(results[k])
+                    on_episode(result)
                 start(e)
     return results  # type: ignore[return-value]
 
