@@ -54,10 +54,10 @@ def quality(tok: at.ActionTokenizer, chunks: np.ndarray) -> dict:
 def load_data(args) -> tuple[np.ndarray, np.ndarray, str]:
     if args.root is None:
         return smooth_chunks(args.n, 10, 7, seed=0), smooth_chunks(args.n, 10, 7, seed=1), "synthetic smooth [10, 7]"
-    from vla.data import action_chunks, load_stats, split_episodes
+    from vla.data import action_chunks, frame_stats, split_episodes
 
     train_eps, held_eps = split_episodes(args.root, heldout=0.2, seed=0)
-    norm = at.Normalizer.from_stats(load_stats(args.root)["action"])
+    norm = at.Normalizer.from_stats(frame_stats(args.root, ["action"], episodes=train_eps)["action"])
     train, _ = action_chunks(args.root, args.time_horizon, episodes=train_eps)
     held, _ = action_chunks(args.root, args.time_horizon, episodes=held_eps)
     return norm.normalize(train), norm.normalize(held), f"{args.root} T={args.time_horizon}"

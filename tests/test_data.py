@@ -14,6 +14,7 @@ from vla.data import (
     ActionChunkDataset,
     action_chunks,
     dataset_info,
+    frame_stats,
     load_stats,
     open_dataset,
     split_episodes,
@@ -152,6 +153,29 @@ def test_stats_match_numpy_on_the_raw_data(tiny_dataset_root):
             expected = sum(len(e) * np.quantile(e, q, axis=0) for e in per_episode) / len(raw)
             np.testing.assert_allclose(s[name], expected, atol=0.02 * spread.max() + 1e-6)
             assert np.all(s[name] >= raw.min(0) - 1e-6) and np.all(s[name] <= raw.max(0) + 1e-6)
+
+
+def test_frame_stats_are_the_exact_quantiles_that_stats_json_lacks(tiny_dataset_root):
+    lengths = dataset_info(tiny_dataset_root).episode_lengths
+    raw = raw_column(tiny_dataset_root, "observation.state").astype(np.float64)
+    stats = frame_stats(tiny_dataset_root, ["observation.state", "action"])
+    s = stats["observation.state"]
+    for name, value in (("q01", np.quantile(raw, 0.01, 0)), ("q99", np.quantile(raw, 0.99, 0)), ("mean", raw.mean(0)),
+                        ("std", raw.std(0)), ("min", raw.min(0)), ("max", raw.max(0))):  # fmt: skip
+        np.testing.assert_allclose(s[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert s["count"][0] == len(raw) and stats["action"]["q01"].shape == (4,)
+    # The goal (the last 3 state dims) is constant within an episode and differs between them: stats.json's
+    # averaged per-episode quantiles collapse its x range to a point; the frames give the real one.
+    goal_x = slice(36, 37)
+    assert (s["q99"] - s["q01"])[goal_x] > 0.01
+    lerobot = load_stats(tiny_dataset_root)["observation.state"]
+    assert (lerobot["q99"] - lerobot["q01"])[goal_x] < 0.5 * (s["q99"] - s["q01"])[goal_x]
+    # a subset of episodes: only their frames
+    first = raw[: lengths[0]]
+    only_first = frame_stats(tiny_dataset_root, ["observation.state"], episodes=[0])["observation.state"]
+    np.testing.assert_allclose(only_first["q99"], np.quantile(first, 0.99, 0), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="no feature 'observation.stat'"):
+        frame_stats(tiny_dataset_root, ["observation.stat"])
 
 
 def test_split_by_episode_is_seeded_and_disjoint(tiny_dataset_root):

@@ -71,3 +71,18 @@ def test_lr_schedule_warms_up_then_decays():
     factors = [train.lr_factor(s, cfg) for s in range(100)]
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert factors[-1] == pytest.approx(0.1, abs=0.01) and all(a >= b for a, b in zip(factors[10:], factors[11:]))
+
+
+def test_normalisers_come_from_the_training_frames(tiny_dataset_root, tmp_path):
+    """Exact quantiles of the training episodes' frames, not stats.json's averaged per-episode ones."""
+    from vla import data
+
+    info = data.dataset_info(tiny_dataset_root)
+    train_eps = [0, 1, 2]
+    policy = train.build_policy(config(tiny_dataset_root, tmp_path, steps=1), info, train_eps)
+    exact = data.frame_stats(tiny_dataset_root, ["observation.state", "action"], episodes=train_eps)
+    for normalizer, key in ((policy.state_normalizer, "observation.state"), (policy.action_normalizer, "action")):
+        lo, hi = exact[key]["q01"], exact[key]["q99"]
+        varying = hi - lo > 1e-6
+        np.testing.assert_allclose(normalizer.offset, (hi + lo) / 2, atol=1e-9)
+        np.testing.assert_allclose(normalizer.scale[varying], ((hi - lo) / 2)[varying], atol=1e-9)

@@ -75,7 +75,8 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
     """Normalisers from the dataset's stats, the tokenizer fitted on the training episodes' chunks, a new model."""
     root, horizon = cfg.dataset_root, cfg.policy.time_horizon
-    stats = data.load_stats(root)
+    # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see data.load_stats).
+    stats = data.frame_stats(root, ["action", "observation.state"], episodes=train_episodes)
     action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
     state_norm = at.Normalizer.from_stats(stats["observation.state"], "quantile")
     chunks, _ = data.action_chunks(root, horizon, episodes=train_episodes)
