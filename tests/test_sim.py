@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -195,3 +197,48 @@ def test_cli_records_and_prints_the_success_rate(tmp_path, capsys):
     assert main(["data", "record", "--task", "rech-v3", "--root", str(tmp_path / "x"), "--quiet"]) == 1
     assert "Did you mean 'reach-v3'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_noisy_recording_stores_the_experts_action_and_reproduces(tmp_path):
+    """DART noise: the env runs perturbed actions, the dataset keeps the expert's action for each stored state."""
+    from vla import data
+
+    def frames(root):
+        info = data.dataset_info(root)
+        return info, data._read_frames(info, list(range(info.num_episodes)), ["observation.state", "action"])
+
+    noisy = record("push-v3", 2, tmp_path / "noisy", action_noise=0.3, progress=False)
+    again = record("push-v3", 2, tmp_path / "again", action_noise=0.3, progress=False)
+    clean = record("push-v3", 2, tmp_path / "clean", progress=False)
+    info, got = frames(tmp_path / "noisy")
+    assert info.recording["action_noise"] == 0.3 and clean["action_noise"] == 0.0
+    expert = ExpertPolicy("push-v3")
+    labels = np.stack([expert({"observation.state": s})[0] for s in got["observation.state"]])
+    np.testing.assert_array_equal(got["action"], labels)
+    _, repeat = frames(tmp_path / "again")
+    np.testing.assert_array_equal(repeat["observation.state"], got["observation.state"])  # seeded per episode
+    assert again["episode_lengths"] == noisy["episode_lengths"]
+    _, plain = frames(tmp_path / "clean")
+    n = min(len(plain["action"]), len(got["action"]))
+    assert not np.allclose(plain["observation.state"][:n], got["observation.state"][:n])  # the noise ran
+    with pytest.raises(ValueError, match="action_noise"):
+        record("push-v3", 1, tmp_path / "bad", action_noise=-0.1, progress=False)
+
+
+def test_ensure_dataset_records_again_only_when_the_settings_changed(tmp_path, monkeypatch):
+    from vla.sim import record as record_module
+
+    root, said = tmp_path / "ds", []
+    record_module.ensure_dataset(root, "reach-v3", 1, log=said.append, progress=False)
+    assert "recording 1 reach-v3" in said[-1]
+    recorded = []
+    monkeypatch.setattr(record_module, "record", lambda *a, **k: recorded.append(k) or original(*a, **k))
+    original = record
+    record_module.ensure_dataset(root, "reach-v3", 1, log=said.append, progress=False)
+    assert recorded == []  # same settings: the dataset there is used
+    record_module.ensure_dataset(root, "reach-v3", 1, action_noise=0.2, log=said.append, progress=False)
+    assert "action_noise 0.0 -> 0.2" in said[-1] and recorded[-1]["overwrite"]
+    assert json.loads((root / "meta" / "recording.json").read_text())["action_noise"] == 0.2
+    (root / "meta" / "recording.json").unlink()  # not recorded by us: used as it is, whatever it holds
+    record_module.ensure_dataset(root, "reach-v3", 5, log=said.append, progress=False)
+    assert len(recorded) == 1

@@ -29,6 +29,7 @@ class DemoConfig:
     dataset_root: Path = record.DEFAULT_DATASET_ROOT  # recorded here when missing
     task: str = record.DEFAULT_TASK
     record_episodes: int = record.DEFAULT_EPISODES
+    record_action_noise: float = record.DEFAULT_ACTION_NOISE  # DART noise of the recording (vla.sim.record)
     tokenizers: dict[str, TokenizerConfig] = field(
         default_factory=lambda: {"fast": FASTConfig(), "bin": BinConfig(), "fsq": FSQConfig()}
     )
@@ -59,9 +60,9 @@ class DemoConfig:
 
 
 def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
-    if not (cfg.dataset_root / "meta" / "info.json").is_file():
-        log(f"recording {cfg.record_episodes} {cfg.task} expert episodes into {cfg.dataset_root}")
-        record.record(cfg.task, cfg.record_episodes, cfg.dataset_root)
+    record.ensure_dataset(
+        cfg.dataset_root, cfg.task, cfg.record_episodes, action_noise=cfg.record_action_noise, log=log
+    )  # fmt: skip
     rows = {}
     for name, tok_cfg in cfg.tokenizers.items():
         log(f"== {name}: fit tokenizer, train {cfg.steps} steps, evaluate {cfg.eval_episodes} episodes")
@@ -105,6 +106,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
     result = {
         "task": cfg.task,
         "dataset": str(cfg.dataset_root),
+        "record_action_noise": cfg.record_action_noise,
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
         "preset": cfg.policy.preset,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vla.sim.metaworld_env import DEFAULT_CAMERA, DEFAULT_MAX_STEPS, TRAIN_SEED_START
 from vla.sim.record import (
+    DEFAULT_ACTION_NOISE,
     DEFAULT_DATASET_ROOT,
     DEFAULT_EPISODES,
     DEFAULT_IMAGE_SIZE,
@@ -67,6 +68,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     rec.add_argument(
         "--keep-failed", action="store_true", help="keep failed episodes too (flagged in meta/recording.json)"
     )
+    rec.add_argument(
+        "--action-noise",
+        type=float,
+        default=DEFAULT_ACTION_NOISE,
+        help="DART noise: std of the Gaussian added to each executed expert action; the dataset keeps the "
+        "expert's own action (default: %(default)s)",
+    )
     rec.add_argument("--overwrite", action="store_true", help="replace --root if it exists")
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
     rec.set_defaults(func=_record)
@@ -93,6 +101,7 @@ def _record(args: argparse.Namespace) -> int:
         camera=args.camera,
         max_steps=args.max_steps,
         keep_failed=args.keep_failed,
+        action_noise=args.action_noise,
         overwrite=args.overwrite,
         progress=not args.quiet,
     )

@@ -12,8 +12,17 @@ are recorded. The dataset holds per step:
     task                         the task sentence
 
 and ``meta/recording.json`` says how it was made: task, expert success rate, the seed of every episode,
-versions. The dataset is written to a hidden sibling folder and renamed into place at the end, so a
-failed or interrupted recording leaves no dataset that looks complete.
+the action noise, versions.
+
+``action_noise=sigma`` perturbs the expert the DART way (Laskey et al., 2017): each action the env executes is the
+expert's plus Gaussian noise (std ``sigma`` per dimension, clipped to [-1, 1]), while the dataset stores the
+expert's own action for that state. The episodes then visit states just off the expert's path, labelled with how
+the expert gets back, which is what a cloned policy needs once its own small errors move it there (a missed grasp,
+an approach a centimetre off). The noise comes from a generator seeded by the episode's seed: a recording is
+reproducible, episode by episode.
+
+The dataset is written to a hidden sibling folder and renamed into place at the end, so a failed or
+interrupted recording leaves no dataset that looks complete.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from vla.sim.rollout import EpisodeResult, run_episode, summarize
 
 DEFAULT_TASK = "push-v3"
 DEFAULT_EPISODES = 100
+DEFAULT_ACTION_NOISE = 0.0  # the default dataset's DART noise (see the module docstring)
 DEFAULT_IMAGE_SIZE = 128
 # The dataset `vla demo` trains on (relative to the working directory).
 DEFAULT_DATASET_ROOT = Path("outputs/datasets/metaworld_push-v3")
@@ -73,6 +83,7 @@ def record(
     camera: str = DEFAULT_CAMERA,
     max_steps: int = DEFAULT_MAX_STEPS,
     keep_failed: bool = False,
+    action_noise: float = 0.0,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -87,6 +98,8 @@ def record(
     root = Path(root) if root is not None else default_root(task, images)
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
+    if not (np.isfinite(action_noise) and 0.0 <= action_noise <= 1.0):
+        raise ValueError(f"action_noise is a standard deviation in action units, 0 to 1; got {action_noise}")
     attempts_allowed = episodes if keep_failed else max_attempts_for(episodes)
     if seed < 0 or seed + attempts_allowed > EVAL_SEED_START:
         raise ValueError(
@@ -114,6 +127,7 @@ def record(
             camera=camera,
             max_steps=max_steps,
             keep_failed=keep_failed,
+            action_noise=float(action_noise),
             attempts_allowed=attempts_allowed,
             progress=progress,
         )
@@ -136,6 +150,7 @@ def _record_into(
     camera: str,
     max_steps: int,
     keep_failed: bool,
+    action_noise: float,
     attempts_allowed: int,
     progress: bool,
 ) -> dict[str, Any]:
@@ -144,7 +159,7 @@ def _record_into(
     from tqdm import tqdm
 
     started = time.perf_counter()
-    expert = ExpertPolicy(task)
+    expert = NoisyExpert(ExpertPolicy(task), action_noise)
     kept: list[EpisodeResult] = []
     tried: list[EpisodeResult] = []
     # Unwound last-in first-out on success and on any error: bar, dataset (finalize writes the parquet
@@ -170,7 +185,7 @@ def _record_into(
         def add_frame(obs: dict[str, Any], action: np.ndarray) -> None:
             frame = {
                 "observation.state": obs["observation.state"],  # float32 [39]
-                "action": action.astype(np.float32),  # [4], as executed (clipped)
+                "action": expert.label,  # float32 [4]: the expert's own action (the executed one when no noise)
                 "task": obs["task"],
             }
             if images:
@@ -180,6 +195,7 @@ def _record_into(
         for attempt_seed in range(seed, seed + attempts_allowed):
             if len(kept) == episodes:
                 break
+            expert.seed(attempt_seed)
             result = run_episode(env, expert, attempt_seed, on_step=add_frame)
             tried.append(result)
             if result.success or keep_failed:
@@ -212,6 +228,7 @@ def _record_into(
         "failed_seeds": [r.seed for r in tried if not r.success],
         "seed_start": seed,
         "keep_failed": keep_failed,
+        "action_noise": action_noise,
         "images": images,
         "image_size": image_size if images else None,
         "camera": camera if images else None,
@@ -222,6 +239,30 @@ def _record_into(
     }
     _write_recording_json(out, summary)
     return summary
+
+
+class NoisyExpert:
+    """An expert whose executed actions carry Gaussian noise (DART); ``label`` is its clean action for the last
+    observation, the one a dataset should store. With ``sigma=0`` it is the expert itself."""
+
+    def __init__(self, expert: ExpertPolicy, sigma: float):
+        self.expert, self.sigma = expert, float(sigma)
+        self.rng = np.random.default_rng(0)
+        self.label = np.zeros(ACTION_DIM, dtype=np.float32)
+
+    def seed(self, seed: int) -> None:
+        """Noise for the episode on ``seed``: its own stream, so each episode reproduces on its own."""
+        self.rng = np.random.default_rng([int(seed), 0xDA27])
+
+    def __call__(self, obs: dict[str, Any]) -> np.ndarray:
+        clean = self.expert(obs)  # float32 [1, 4], clipped
+        self.label = clean[0].copy()
+        if self.sigma == 0.0:
+            return clean
+        return np.clip(clean + self.rng.normal(0.0, self.sigma, clean.shape), -1.0, 1.0).astype(np.float32)
+
+    def reset(self) -> None:
+        self.expert.reset()
 
 
 def _features(env: MetaWorldEnv, images: bool, image_size: int) -> dict[str, dict]:
@@ -275,10 +316,39 @@ def _move_into_place(partial: Path, root: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def ensure_default_dataset(root: str | Path = DEFAULT_DATASET_ROOT, *, progress: bool = True) -> Path:
-    """The demo's dataset: ``root`` if it holds one, else record it (push-v3, 100 episodes, state only)."""
+def ensure_dataset(
+    root: str | Path = DEFAULT_DATASET_ROOT,
+    task: str = DEFAULT_TASK,
+    episodes: int = DEFAULT_EPISODES,
+    *,
+    action_noise: float = DEFAULT_ACTION_NOISE,
+    progress: bool = True,
+    log=print,
+) -> Path:
+    """A recorded dataset at ``root`` made with these settings: the one there, else a new recording.
+
+    A folder that ``record`` made with other settings (task, episode count, action noise: say an older default)
+    is recorded again in its place; a dataset without ``meta/recording.json`` (not ours) is used as it is.
+    """
     root = Path(root)
+    wanted = {"task": check_task(task), "episodes": int(episodes), "action_noise": float(action_noise)}
     if (root / "meta" / "info.json").is_file():
-        return root
-    record(DEFAULT_TASK, DEFAULT_EPISODES, root, progress=progress)
+        recording_path = root / RECORDING_FILE
+        if not recording_path.is_file():
+            return root
+        recorded = json.loads(recording_path.read_text())
+        have = {"task": recorded.get("task"), "episodes": recorded.get("episodes"),
+                "action_noise": float(recorded.get("action_noise", 0.0))}  # fmt: skip
+        if have == wanted:
+            return root
+        changed = ", ".join(f"{k} {have[k]} -> {wanted[k]}" for k in wanted if have[k] != wanted[k])
+        log(f"{root} was recorded with other settings ({changed}); recording it again")
+    else:
+        log(f"recording {episodes} {task} expert episodes into {root}")
+    record(task, episodes, root, action_noise=action_noise, overwrite=True, progress=progress)
     return root
+
+
+def ensure_default_dataset(root: str | Path = DEFAULT_DATASET_ROOT, *, progress: bool = True) -> Path:
+    """The demo's dataset: push-v3, 100 episodes, state only, the default action noise (see ``ensure_dataset``)."""
+    return ensure_dataset(root, progress=progress)
