@@ -4,9 +4,9 @@ Everything reads a local dataset folder (``root``, the one holding ``meta/`` and
 
     info = dataset_info(root)                      # fps, episode lengths, features, cameras, dims
     stats = load_stats(root)                       # {"action": {"q01": [D], "q99": [D], "mean": ...}, ...}
-    stats = frame_stats(root, ["action"], episodes=train_eps)   # the same, exact, from the frames themselves
     chunks, is_pad = action_chunks(root, 15)       # float32 [N, 15, D], bool [N, 15]: no images decoded
     train_eps, heldout_eps = split_episodes(root, heldout=0.2, seed=0)
+    stats = frame_stats(root, ["action"], episodes=train_eps)   # exact quantiles, from the frames themselves
     ds = ActionChunkDataset(root, 15, episodes=train_eps)   # torch Dataset of samples (below)
 
 The sample contract (one frame, unbatched; a DataLoader adds the batch dimension):
