@@ -257,6 +257,23 @@ def test_lerobot_factory_path(tmp_path):
         VLAPolicy(config)
 
 
+def test_collapsed_quantiles_in_lerobot_stats_are_named(tmp_path, caplog):
+    """stats.json's averaged per-episode quantiles can put q01 == q99 on a dimension that varies: said, by index."""
+    fitted_tokenizers()["bin"].save_pretrained(tmp_path / "tok")
+    state = {"q01": -torch.ones(S), "q99": torch.ones(S), "min": -2 * torch.ones(S), "max": 2 * torch.ones(S)}
+    state["q01"][2] = state["q99"][2] = 0.5  # a goal's x: one value per episode, averaged to one point
+    stats = {"action": {"q01": -torch.ones(D), "q99": torch.ones(D)}, "observation.state": state}
+    config = VLAConfig(preset="micro", device="cpu", time_horizon=T, action_tokenizer_path=str(tmp_path / "tok"))
+    with caplog.at_level("WARNING", logger="vla.policy"):
+        VLAPolicy(config, dataset_stats=stats)
+    assert "observation.state: dimensions [2] vary" in caplog.text and "frame_stats" in caplog.text
+    caplog.clear()
+    state["q01"][2], state["q99"][2] = -1.0, 1.0
+    with caplog.at_level("WARNING", logger="vla.policy"):
+        VLAPolicy(config, dataset_stats=stats)
+    assert "q01 == q99" not in caplog.text
+
+
 def test_a_local_paligemma_checkpoint_loads_offline(tmp_path):
     """The real-checkpoint path on a stand-in: PaliGemma's vocabulary layout, HF's checkpoint format, no network."""
     from transformers import PaliGemmaForConditionalGeneration

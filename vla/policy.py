@@ -598,6 +598,16 @@ def _from_stats(stats: dict[str, dict[str, Any]] | None, key: str, mode: str) ->
             f"or dataset_stats holding {key!r} (LeRobot's factory passes the dataset's stats)"
         )
     entry = {k: np.asarray(torch.as_tensor(v).cpu(), dtype=np.float64) for k, v in stats[key].items()}
+    if mode == "quantile" and {"q01", "q99", "min", "max"} <= entry.keys():
+        # LeRobot 0.6 averages per-episode quantiles: a dimension that is constant within each episode but not
+        # across them (a goal, an object's start) gets q01 == q99, and the policy cannot see it.
+        collapsed = np.flatnonzero((entry["q99"] - entry["q01"] < 1e-8) & (entry["max"] - entry["min"] > 1e-6))
+        if len(collapsed):
+            logger.warning(
+                "%s: dimensions %s vary (min < max) but their q01 == q99 in these stats, so quantile normalisation "
+                "hides them. LeRobot's stats.json averages per-episode quantiles; normalise with exact ones "
+                "(vla.data.frame_stats, as `vla train` does) or use the mean_std mode.", key, collapsed.tolist(),
+            )  # fmt: skip
     return at.Normalizer.from_stats(entry, mode)
 
 
