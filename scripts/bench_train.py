@@ -20,7 +20,7 @@ import torch
 
 from vla import data, train
 from vla.config import BinConfig, FASTConfig, PolicyOptions, TrainConfig
-from vla.sim.record import DEFAULT_DATASET_ROOT, ensure_default_dataset
+from vla.sim.record import DEFAULT_DATASET_ROOT, ensure_dataset
 
 
 def measure(preset: str, tokenizer, device: str, steps: int, batch_size: int, state_encoding: str = "text") -> dict:
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--state-encodings", default="text,embedding", help="policy.state_encoding values to measure")
     args = parser.parse_args()
-    ensure_default_dataset()
+    ensure_dataset()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
     for device in devices:

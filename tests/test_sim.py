@@ -231,9 +231,8 @@ def test_ensure_dataset_records_again_only_when_the_settings_changed(tmp_path, m
     root, said = tmp_path / "ds", []
     record_module.ensure_dataset(root, "reach-v3", 1, log=said.append, progress=False)
     assert "recording 1 reach-v3" in said[-1]
-    recorded = []
-    monkeypatch.setattr(record_module, "record", lambda *a, **k: recorded.append(k) or original(*a, **k))
-    original = record
+    recorded = []  # the keyword arguments of every recording from here on
+    monkeypatch.setattr(record_module, "record", lambda *a, **k: recorded.append(k) or record(*a, **k))
     record_module.ensure_dataset(root, "reach-v3", 1, log=said.append, progress=False)
     assert recorded == []  # same settings: the dataset there is used
     record_module.ensure_dataset(root, "reach-v3", 1, action_noise=0.2, log=said.append, progress=False)

@@ -40,7 +40,7 @@ from vla.sim.record import (  # noqa: E402
     DEFAULT_IMAGE_SIZE,
     DEFAULT_TASK,
     default_root,
-    ensure_default_dataset,
+    ensure_dataset,
 )
 from vla.sim.rollout import EpisodeResult, run_episode, run_episodes, summarize  # noqa: E402
 
@@ -56,7 +56,7 @@ __all__ = [
     "MetaWorldEnv",
     "check_task",
     "default_root",
-    "ensure_default_dataset",
+    "ensure_dataset",
     "make_env",
     "record",
     "rollout",

@@ -348,7 +348,3 @@ def ensure_dataset(
     record(task, episodes, root, action_noise=action_noise, overwrite=True, progress=progress)
     return root
 
-
-def ensure_default_dataset(root: str | Path = DEFAULT_DATASET_ROOT, *, progress: bool = True) -> Path:
-    """The demo's dataset: push-v3, 100 episodes, state only, the default action noise (see ``ensure_dataset``)."""
-    return ensure_dataset(root, progress=progress)
