@@ -51,10 +51,15 @@ def fsq_tok(train_chunks):
 
 
 @pytest.fixture(scope="session")
-def all_toks(fast_tok, fast_bl_tok, bin_tok, fsq_tok):
-    return {"fast": fast_tok, "fast_byte_level": fast_bl_tok, "bin": bin_tok, "fsq": fsq_tok}
+def beast_tok(train_chunks):
+    return at.BEASTTokenizer.fit(train_chunks, n_control_points=6, degree=3)
 
 
-@pytest.fixture(params=["fast", "fast_byte_level", "bin", "fsq"])
+@pytest.fixture(scope="session")
+def all_toks(fast_tok, fast_bl_tok, bin_tok, fsq_tok, beast_tok):
+    return {"fast": fast_tok, "fast_byte_level": fast_bl_tok, "bin": bin_tok, "fsq": fsq_tok, "beast": beast_tok}
+
+
+@pytest.fixture(params=["fast", "fast_byte_level", "bin", "fsq", "beast"])
 def tok(request, all_toks):
     return all_toks[request.param]

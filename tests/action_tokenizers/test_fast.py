@@ -1,3 +1,4 @@
+import json
 import warnings
 
 import numpy as np
@@ -23,7 +24,7 @@ def test_error_within_dct_rounding_bound(fast_tok, chunk):
     assert fast_tok.encode_stats.clipped == before  # the fit covers [-1, 1], so nothing is clipped
     out = fast_tok.decode(ids)
     assert out.valid.all()
-    bound = 0.5 * np.sqrt(T * D) / fast_tok.scale
+    bound = (0.5 + fast_tok.deadzone) * np.sqrt(T * D) / fast_tok.scale
     assert np.linalg.norm(out.actions[0] - chunk) <= bound + 1e-9
 
 
@@ -41,16 +42,20 @@ def test_encode_decode_encode_is_identity_on_ids(fast_tok, fast_bl_tok, chunk):
             assert fast_bl_tok.encode(out.actions) == ids
 
 
-def test_frequency_major_flatten(fast_tok):
-    """The coefficient string is the [T, D] coefficient matrix in C order: frequency 0 of every dim first."""
+@pytest.mark.parametrize("order, position", [("frequency", 3), ("dimension", 3 * T)])
+def test_coefficient_order(train_chunks, order, position):
+    """Frequency-major: the [T, D] coefficients in C order (frequency 0 of every dim first, the reference).
+    Dimension-major (the default): dim 0's frequencies 0..T-1, then dim 1's, ..."""
+    tok = at.FASTTokenizer.fit(train_chunks[:500], vocab_size=256, order=order)
     chunk = np.zeros((T, D))
     chunk[:, 3] = 0.5  # a constant in dim 3 -> only coefficient (frequency 0, dim 3) is non-zero
-    ids = fast_tok.encode(chunk)[0]
-    flat, offsets, lengths = fast_tok._token_symbols
-    symbols = np.concatenate([flat[offsets[i] : offsets[i] + lengths[i]] for i in ids]) + fast_tok.min_token
+    ids = tok.encode(chunk)[0]
+    flat, offsets, lengths = tok._token_symbols
+    symbols = np.concatenate([flat[offsets[i] : offsets[i] + lengths[i]] for i in ids]) + tok.min_token
     expected = np.zeros(T * D, dtype=int)
-    expected[3] = round(0.5 * np.sqrt(T) * fast_tok.scale)
+    expected[position] = round(0.5 * np.sqrt(T) * tok.scale)
     np.testing.assert_array_equal(symbols, expected)
+    np.testing.assert_allclose(tok.decode([ids]).actions[0], chunk, atol=0.5 / tok.scale)
 
 
 def test_byte_level_matches_reference_ids(train_chunks, heldout_chunks, fast_bl_tok):
@@ -135,3 +140,89 @@ def test_vocab_too_small_is_a_clear_error():
 def test_fewer_tokens_than_binning_on_smooth_data(fast_tok, heldout_chunks):
     lengths = fast_tok.tokens_per_chunk(fast_tok.encode(heldout_chunks))
     assert lengths.mean() < T * D / 2
+
+
+def test_byte_level_matches_reference_on_values_never_seen_at_fit(train_chunks):
+    """Values above the fitted range pass through as their code points, as in the reference (not clipped)."""
+    small = train_chunks[:1000] * 0.3  # a narrow fit: the probe's coefficients reach far beyond its range
+    tok = at.FASTTokenizer.fit(small, scale=10.0, vocab_size=512, byte_level=True)
+    bpe, min_token = reference.fit(list(small), scale=10.0, vocab_size=512)
+    probe = np.concatenate([train_chunks[-200:], 2.0 * train_chunks[-50:]])
+    want = reference.encode(bpe, probe, 10.0, min_token)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert tok.encode(probe) == want
+    got, ref = tok.decode(want), reference.decode(bpe, want, 10.0, min_token, T, D)
+    np.testing.assert_allclose(got.actions[got.valid], ref[got.valid], atol=1e-12)
+
+
+def test_vocab_size_none_grows_with_the_coefficient_range(train_chunks):
+    assert at.FASTTokenizer.fit(train_chunks[:300]).vocab_size <= 1024
+    wide = at.FASTTokenizer.fit(train_chunks[:300], scale=200.0)  # ~1300 symbols: 2**ceil(log2(1300 + 256))
+    q = wide.n_symbols
+    assert wide.vocab_size <= max(1024, 2 ** int(np.ceil(np.log2(q + 256)))) and wide.vocab_size >= q
+    assert wide.vocab_size > 1024
+
+
+def test_target_rmse_picks_the_scale(train_chunks, heldout_chunks):
+    tok = at.FASTTokenizer.fit(train_chunks, target_rmse=0.02)
+    out = tok.decode(tok.encode(train_chunks))
+    rmse = np.sqrt(np.mean((out.actions - train_chunks) ** 2))
+    assert 0.017 <= rmse <= 0.02
+    with pytest.raises(ValueError, match="target_rmse"):
+        at.FASTTokenizer.fit(train_chunks[:10], target_rmse=-1.0)
+
+
+@pytest.mark.parametrize("cls", [at.FASTTokenizer, at.BinningTokenizer])
+def test_wrong_time_horizon_is_refused(train_chunks, cls):
+    tok = cls.fit(train_chunks[:300])
+    with pytest.raises(ValueError, match=f"time_horizon 12 but this tokenizer was fitted for time_horizon {T}"):
+        tok.encode(np.zeros((12, D)))
+
+
+def test_files_without_order_load_as_the_reference_layout(train_chunks, tmp_path):
+    """Tokenizers saved before ``order``/``deadzone`` existed were frequency-major with plain rounding."""
+    tok = at.FASTTokenizer.fit(train_chunks[:500], vocab_size=256, order="frequency", deadzone=0.0)
+    path = tok.save_pretrained(tmp_path / "tok") / "action_tokenizer.json"
+    config = json.loads(path.read_text())
+    del config["order"], config["deadzone"]
+    path.write_text(json.dumps(config))
+    loaded = at.load_tokenizer(tmp_path / "tok")
+    assert (loaded.order, loaded.deadzone) == ("frequency", 0.0)
+    assert loaded.encode(train_chunks[:20]) == tok.encode(train_chunks[:20])
+
+
+def test_bad_fit_options(train_chunks):
+    with pytest.raises(ValueError, match="order"):
+        at.FASTTokenizer.fit(train_chunks[:50], order="time")
+    with pytest.raises(ValueError, match="deadzone"):
+        at.FASTTokenizer.fit(train_chunks[:50], deadzone=0.5)
+    with pytest.raises(ValueError, match="scale"):
+        at.FASTTokenizer.fit(train_chunks[:50], scale=0)
+
+
+@pytest.fixture(scope="module")
+def fast_bl_wide(train_chunks):
+    """Byte-level with ~330 symbols: code points above 127 take two UTF-8 bytes, and some ids split them."""
+    tok = at.FASTTokenizer.fit(train_chunks, scale=50.0, vocab_size=1024, byte_level=True)
+    assert tok.n_symbols > 128 and not tok._byte_decoder.whole.all()
+    return tok
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), wide=st.booleans())
+def test_byte_level_decode_equals_the_bpe_decoder(fast_bl_tok, fast_bl_wide, heldout_chunks, seed, wide):
+    """The numpy UTF-8 path gives what the BPE's own decoder gives, on real, corrupted and random ids."""
+    fast_bl_tok = fast_bl_wide if wide else fast_bl_tok
+    rng = np.random.default_rng(seed)
+    real = fast_bl_tok.encode(heldout_chunks[rng.integers(0, len(heldout_chunks), 4)])
+    corrupted = [r[: rng.integers(0, len(r) + 1)] + rng.integers(0, fast_bl_tok.vocab_size, 2).tolist() for r in real]
+    noise = [rng.integers(0, fast_bl_tok.vocab_size, rng.integers(0, 30)).tolist() for _ in range(4)]
+    rows = real + corrupted + noise
+    out = fast_bl_tok.decode(rows, mode="repair")
+    for row, actions, ok in zip(rows, out.actions, out.valid):
+        text = fast_bl_tok.bpe.decode(row, skip_special_tokens=False)
+        assert ok == ("\ufffd" not in text and len(text) == T * D)
+        if ok:
+            q = np.array([ord(c) for c in text]).reshape(T, D) + fast_bl_tok.min_token
+            np.testing.assert_allclose(actions, scipy.fft.idct(q / fast_bl_tok.scale, axis=0, norm="ortho"), atol=1e-12)

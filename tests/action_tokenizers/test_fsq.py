@@ -21,7 +21,8 @@ def test_codes_indices_invariant(fsq_tok, ids):
     assert fsq_tok.codes_roundtrip_ok(np.array([ids]))
     out = fsq_tok.decode([ids])
     assert out.valid.all() and np.isfinite(out.actions).all()
-    assert fsq_tok.encode(out.actions)[0] is not None
+    again = fsq_tok.encode(out.actions)[0]  # decoded chunks encode again to K in-range ids
+    assert len(again) == 5 and all(0 <= i < fsq_tok.vocab_size for i in again)
 
 
 def test_reconstruction_beats_half_the_std_on_held_out_chunks():

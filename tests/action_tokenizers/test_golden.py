@@ -24,7 +24,7 @@ def recipe():
     return make_golden.recipe()
 
 
-@pytest.mark.parametrize("name", ["fast", "fast_byte_level", "bin"])
+@pytest.mark.parametrize("name", ["fast", "fast_byte_level", "bin", "beast"])
 def test_refitted_tokenizers_give_golden_ids(golden, recipe, name):
     assert recipe["tokenizers"][name].encode(recipe["probe"]) == golden[name]
 

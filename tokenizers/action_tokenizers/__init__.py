@@ -5,9 +5,13 @@
     ids = tok.encode(chunks[:4])                 # 4 lists of ints in [0, tok.vocab_size)
     out = tok.decode(ids)                        # out.actions [4, T, D], out.valid [4]
     tok.save_pretrained("tok/"); tok = at.load_tokenizer("tok/")
+
+Four tokenizers, one interface (``at.TOKENIZERS``): FAST, binning, FSQ, BEAST; each declares its fit options as
+a dataclass, ``cls.Options``.
 """
 
 from .base import ActionTokenizer, DecodeError, DecodeResult, EncodeStats
+from .beast import BEASTTokenizer
 from .binning import BinningTokenizer
 from .constraint import Constraint, LengthConstraint
 from .fast import FASTTokenizer
@@ -17,6 +21,7 @@ from .registry import TOKENIZERS, get_tokenizer_class, load_tokenizer
 
 __all__ = [
     "ActionTokenizer",
+    "BEASTTokenizer",
     "BinningTokenizer",
     "Constraint",
     "DecodeError",

@@ -7,13 +7,10 @@ format number and the options) plus whatever tensors the tokenizer needs as safe
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import shutil
-import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -21,6 +18,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from .constraint import Constraint
+
+# Re-exported for ``vla/`` until it imports them from ``action_tokenizers.io`` (their home).
+from .io import atomic_directory, write_json
 
 CONFIG_NAME = "action_tokenizer.json"
 FORMAT_VERSION = 1
@@ -52,9 +52,6 @@ class DecodeResult:
     actions: np.ndarray
     valid: np.ndarray
     errors: list[str | None] = field(default_factory=list)
-
-    def __array__(self, dtype=None, copy=None):
-        return self.actions if dtype is None else self.actions.astype(dtype)
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -238,64 +235,69 @@ def finish_decode(
     return DecodeResult(actions=actions, valid=valid, errors=errors)
 
 
-# --- files -------------------------------------------------------------------------------------------------
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+def as_id_batch(ids: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Ids as one flat int64 array plus the number of ids per chunk: ``(flat [sum(counts)], counts [B])``.
 
-
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise ValueError(f"{what}: {path} is missing; is this a directory written by save_pretrained?")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{what}: {path} is corrupt ({err}); save the tokenizer again") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{what}: {path} must hold a JSON object")
-    return data
-
-
-@contextmanager
-def atomic_directory(directory: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory beside ``directory``; on success it replaces ``directory`` in one rename.
-
-    On an exception nothing is left behind and an existing ``directory`` is untouched.
+    The fast path for whole batches; falls back to ``as_id_rows`` (and its error messages) on anything unusual.
     """
-    final = Path(directory)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; a saved model should not be
-        yield tmp
-        for path in tmp.rglob("*"):
-            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
-            os.rename(final, old / "x")
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+    if isinstance(ids, np.ndarray) and ids.ndim == 2 and np.issubdtype(ids.dtype, np.integer) and len(ids):
+        return ids.astype(np.int64).ravel(), np.full(len(ids), ids.shape[1], dtype=np.int64)
+    if isinstance(ids, list) and ids and all(type(row) is list for row in ids):
+        flat = np.array(functools.reduce(list.__iadd__, ids, []))  # one flat list, linear time
+        if flat.dtype.kind == "i" or (flat.size == 0 and flat.dtype.kind == "f"):
+            return flat.astype(np.int64), np.array([len(row) for row in ids], dtype=np.int64)
+    rows = as_id_rows(ids)
+    counts = np.array([len(r) for r in rows], dtype=np.int64)
+    return (np.concatenate(rows) if counts.sum() else np.zeros(0, np.int64)), counts
+
+
+# --- saved configs -----------------------------------------------------------------------------------------
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
+# kind -> (check, what it must be); "?" suffix (in the spec) allows null
+CHECKS: dict[str, tuple[Any, str]] = {
+    "number>0": (lambda v: _is_number(v) and v > 0, "a positive number"),
+    "number>=0": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "number[0,0.5)": (lambda v: _is_number(v) and 0 <= v < 0.5, "a number in [0, 0.5)"),
+    "int": (_is_int, "an integer"),
+    "int>=0": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "int>=1": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    "int>=2": (lambda v: _is_int(v) and v >= 2, "an integer >= 2"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "ints>=2": (lambda v: isinstance(v, list) and len(v) > 0 and all(_is_int(x) and x >= 2 for x in v),
+                "a non-empty list of integers >= 2"),
+}  # fmt: skip
+
+
+def check_saved(config: dict[str, Any], path: Path, spec: dict[str, str]) -> dict[str, Any]:
+    """Validate a loaded config against ``spec``: field -> a kind in ``CHECKS`` or ``"in:a,b"`` (one of those
+    strings); a trailing ``"?"`` means the field may be null or absent.
+
+    Raises a one-line ``ValueError`` naming the file, the field, its value and the fix.
+    """
+    for key, kind in spec.items():
+        optional = kind.endswith("?")
+        kind = kind.rstrip("?")
+        if kind.startswith("in:"):
+            choices = kind[3:].split(",")
+            check, what = (lambda v, c=choices: v in c), "one of " + ", ".join(map(repr, choices))
         else:
-            os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file through a temporary name in the same directory, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+            check, what = CHECKS[kind]
+        if key not in config:
+            if optional:
+                continue
+            raise ValueError(f"{path} lacks the field {key!r}; save the tokenizer again (tok.save_pretrained)")
+        value = config[key]
+        if value is None and optional:
+            continue
+        if not check(value):
+            raise ValueError(
+                f"{path}: field {key!r} is {value!r} but must be {what}; correct it or save the tokenizer again"
+            )
+    return config

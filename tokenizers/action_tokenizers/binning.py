@@ -8,17 +8,34 @@ Failure mode: a sequence of the wrong length or with an id >= n_bins is invalid.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import ActionTokenizer, DecodeMode, DecodeResult, as_chunk_batch, as_id_rows, check_mode, finish_decode
+from .base import (
+    CONFIG_NAME,
+    ActionTokenizer,
+    DecodeMode,
+    DecodeResult,
+    as_chunk_batch,
+    as_id_rows,
+    check_mode,
+    check_saved,
+    finish_decode,
+)
 from .constraint import Constraint, fixed_length
 
 
 class BinningTokenizer(ActionTokenizer):
     name: ClassVar[str] = "bin"
+
+    @dataclass(frozen=True)
+    class Options:
+        """``fit``'s options: ``BinningTokenizer.fit(chunks, **asdict(BinningTokenizer.Options()))`` is ``fit(chunks)``."""
+
+        n_bins: int = field(default=256, metadata={"help": "uniform bins over [-1, 1] per value (the vocabulary)"})
 
     def __init__(self, n_bins: int = 256, time_horizon: int | None = None, action_dim: int | None = None):
         super().__init__()
@@ -43,7 +60,7 @@ class BinningTokenizer(ActionTokenizer):
         return -1.0 + (np.arange(self.n_bins) + 0.5) * (2.0 / self.n_bins)
 
     def encode(self, chunks: np.ndarray) -> list[list[int]]:
-        arr = as_chunk_batch(chunks, action_dim=self.action_dim)
+        arr = as_chunk_batch(chunks, time_horizon=self.time_horizon, action_dim=self.action_dim)
         outside = (arr < -1.0) | (arr > 1.0)
         self.encode_stats.chunks += arr.shape[0]
         self.encode_stats.values += arr.size
@@ -82,6 +99,9 @@ class BinningTokenizer(ActionTokenizer):
     def _config(self) -> dict[str, Any]:
         return {"n_bins": self.n_bins, "time_horizon": self.time_horizon, "action_dim": self.action_dim}
 
+    SAVED_FIELDS: ClassVar[dict[str, str]] = {"n_bins": "int>=2", "time_horizon": "int>=1?", "action_dim": "int>=1?"}
+
     @classmethod
     def _from_saved(cls, config: dict[str, Any], directory: Path) -> BinningTokenizer:
+        config = check_saved(config, directory / CONFIG_NAME, cls.SAVED_FIELDS)
         return cls(config["n_bins"], config.get("time_horizon"), config.get("action_dim"))

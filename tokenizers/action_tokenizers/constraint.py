@@ -40,10 +40,6 @@ class Constraint(ABC):
             raise ValueError(f"id {token_id} is not allowed in state {state}; pick one where allowed(state) is True")
         return self._next(state, token_id)
 
-    def allowed_batch(self, states: np.ndarray | list[int]) -> np.ndarray:
-        """``[B, vocab_size]`` masks for a batch of states."""
-        return np.stack([self.allowed(int(s)) for s in states])
-
     def accepts(self, ids: list[int]) -> bool:
         """Whether ``ids`` is a complete sequence this constraint can produce."""
         state = self.start()

@@ -10,7 +10,6 @@ A dimension whose range is (near) zero maps to 0 and back to its constant value.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +17,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .base import atomic_write_text, read_json
+from .io import read_json, write_json
 
 NormMode = Literal["quantile", "mean_std", "identity"]
 NORM_MODES = ("quantile", "mean_std", "identity")
 _EPS = 1e-8
+FORMAT_VERSION = 1  # files without a format_version were written before it was recorded: version 1
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class Normalizer:
             raise ValueError(f"offset and scale must have the same length, got {offset.shape} and {scale.shape}")
         if not (np.isfinite(offset).all() and np.isfinite(scale).all()):
             raise ValueError("normaliser statistics contain NaN or inf; recompute the dataset statistics")
+        if (scale < 0).any():
+            raise ValueError(
+                f"normaliser scale must be >= 0 per dimension (it would flip the actions), got {scale.tolist()}; "
+                "check that q99 >= q01 (or std >= 0) in the statistics"
+            )
         # A constant dimension would divide by zero: map it to 0 instead (and back to the constant).
         scale = np.where(np.abs(scale) < _EPS, 1.0, scale)
         object.__setattr__(self, "offset", offset)
@@ -107,20 +112,35 @@ class Normalizer:
 
     # --- files ---------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"format_version": 1, "mode": self.mode, "offset": self.offset.tolist(), "scale": self.scale.tolist()}
+        return {
+            "format_version": FORMAT_VERSION, "mode": self.mode,
+            "offset": self.offset.tolist(), "scale": self.scale.tolist(),
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Normalizer:
         try:
-            return cls(data["mode"], np.asarray(data["offset"], float), np.asarray(data["scale"], float))
-        except (KeyError, TypeError) as err:
+            offset = np.asarray(data["offset"], float)
+            scale = np.asarray(data["scale"], float)
+        except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"normaliser data is incomplete or malformed ({err!r}); save it again") from None
+        if offset.ndim != 1 or scale.ndim != 1 or offset.size == 0:
+            raise ValueError(
+                f"normaliser data is malformed: offset and scale must be non-empty lists of numbers, got shapes "
+                f"{offset.shape} and {scale.shape}; save it again"
+            )
+        return cls(data.get("mode"), offset, scale)
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict())
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Normalizer:
-        return cls.from_dict(read_json(Path(path), "normaliser"))
+        """Load a file ``save`` wrote; any problem is one ``ValueError`` naming the file and the fix."""
+        data = read_json(Path(path), "normaliser", format_version=FORMAT_VERSION, assume_version=1)
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"normaliser {path}: {err}") from None

@@ -1,9 +1,10 @@
-"""A readable, per-chunk transcription of the published FAST processor's algorithm (not its code).
+"""The published FAST processor: its BPE trainer settings, its saved-file layout (read and written), and a
+readable, per-chunk transcription of its algorithm (not its code).
 
-It exists to prove equivalence and to benchmark against: ``FASTTokenizer(byte_level=True)`` must give the same
-ids, and the vectorised tokenizer must beat this loop. It keeps the reference's behaviour exactly, including its
-weaknesses (values above the fitted range are not clipped; undecodable ids become an all-zero chunk). Not for
-production use.
+The transcription (``fit`` / ``encode`` / ``decode``) exists to prove equivalence and to benchmark against:
+``FASTTokenizer(byte_level=True)`` must give the same ids, and the vectorised tokenizer must beat this loop. It keeps
+the reference's behaviour exactly, including its weaknesses (values above the fitted range are not clipped;
+undecodable ids become an all-zero chunk). Not for production use.
 """
 
 from __future__ import annotations
@@ -13,9 +14,56 @@ from pathlib import Path
 
 import numpy as np
 import scipy.fft
-from tokenizers import ByteLevelBPETokenizer, Tokenizer
+from tokenizers import ByteLevelBPETokenizer, Tokenizer, trainers
 
-from .fast import bpe_trainer
+from .base import check_saved
+from .io import read_json
+from .utf8 import UNICODE_TO_BYTE
+
+
+def bpe_trainer(vocab_size: int, n_symbols: int, show_progress: bool) -> trainers.BpeTrainer:
+    """The reference trainer settings: every symbol in the initial alphabet, merges seen at least twice."""
+    return trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=show_progress,
+        special_tokens=[],
+        initial_alphabet=[chr(i) for i in range(n_symbols)],
+        max_token_length=10000,
+    )
+
+
+def load_bpe(path: Path) -> Tokenizer:
+    if not path.is_file():
+        raise ValueError(f"BPE file {path} is missing; save the tokenizer again")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # the Rust side raises a bare Exception for malformed files
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ValueError(f"BPE file {path} is corrupt ({reason}); save the tokenizer again") from None
+
+
+def read_reference(directory: Path) -> tuple[Tokenizer, dict, int]:
+    """A local copy of the reference processor's files -> (byte-level BPE, processor config, alphabet size).
+
+    Needs ``processor_config.json`` and ``tokenizer.json``, the latter beside it or in ``bpe_tokenizer/`` (the
+    layout transformers 5 writes); nothing is executed. The reference does not store the alphabet size; it is read
+    off the vocabulary (its single-character tokens) and only used to build the decoding constraint.
+    """
+    path = directory / "processor_config.json"
+    config = check_saved(
+        read_json(path, "reference FAST processor"), path,
+        {"scale": "number>0", "min_token": "int", "vocab_size": "int>=1?", "time_horizon": "int>=1?", "action_dim": "int>=1?"},
+    )  # fmt: skip
+    candidates = [directory / "tokenizer.json", directory / "bpe_tokenizer" / "tokenizer.json"]
+    bpe_path = next((p for p in candidates if p.is_file()), None)
+    if bpe_path is None:
+        raise ValueError(f"no tokenizer.json in {directory} or {directory / 'bpe_tokenizer'}; copy the BPE files too")
+    bpe = load_bpe(bpe_path)
+    singles = [ord(tok) for tok in bpe.get_vocab() if len(tok) == 1]
+    raw = [c for c in singles if c not in UNICODE_TO_BYTE]  # initial-alphabet symbols that are not byte stand-ins
+    n_symbols = max(raw) + 1 if raw else int(config.get("vocab_size") or bpe.get_vocab_size()) + 1
+    return bpe, config, n_symbols
 
 
 def fit(chunks: list[np.ndarray], scale: float = 10.0, vocab_size: int = 1024) -> tuple[Tokenizer, int]:

@@ -1,4 +1,8 @@
-"""Names -> tokenizer classes, and ``load_tokenizer`` for anything ``save_pretrained`` (or the reference) wrote."""
+"""Names -> tokenizer classes, and ``load_tokenizer`` for anything ``save_pretrained`` (or the reference) wrote.
+
+Each class declares its fit options as a dataclass, ``cls.Options``: ``cls.fit(chunks, **asdict(cls.Options()))``
+is ``cls.fit(chunks)``, and every field carries a one-line ``help`` in its metadata (config generators read it).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,18 @@ import difflib
 import os
 from pathlib import Path
 
-from .base import CONFIG_NAME, FORMAT_VERSION, ActionTokenizer, read_json
+from .base import CONFIG_NAME, FORMAT_VERSION, ActionTokenizer
+from .beast import BEASTTokenizer
 from .binning import BinningTokenizer
 from .fast import FASTTokenizer
 from .fsq import FSQTokenizer
+from .io import read_json
 
 TOKENIZERS: dict[str, type[ActionTokenizer]] = {
     FASTTokenizer.name: FASTTokenizer,
     BinningTokenizer.name: BinningTokenizer,
     FSQTokenizer.name: FSQTokenizer,
+    BEASTTokenizer.name: BEASTTokenizer,
 }
 
 
@@ -28,18 +35,20 @@ def get_tokenizer_class(name: str) -> type[ActionTokenizer]:
 
 
 def load_tokenizer(directory: str | os.PathLike) -> ActionTokenizer:
-    """Load a tokenizer saved by ``save_pretrained``, or a local copy of the reference FAST processor files."""
+    """Load a tokenizer saved by ``save_pretrained``, or a local copy of the reference FAST processor files.
+
+    Every field of the saved config is validated; any problem is one ``ValueError`` naming the file and the fix.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"no tokenizer directory at {directory}; pass the folder save_pretrained wrote")
-    if not (directory / CONFIG_NAME).exists() and (directory / "processor_config.json").exists():
+    path = directory / CONFIG_NAME
+    if not path.exists() and (directory / "processor_config.json").exists():
         return FASTTokenizer.from_reference(directory)
-    config = read_json(directory / CONFIG_NAME, "action tokenizer")
-    version = config.pop("format_version", None)
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{directory / CONFIG_NAME} has format_version {version!r}; this library reads {FORMAT_VERSION}")
-    cls = get_tokenizer_class(config.pop("type", None))
+    config = read_json(path, "action tokenizer", format_version=FORMAT_VERSION)
+    config.pop("format_version")
     try:
-        return cls._from_saved(config, directory)
-    except KeyError as err:
-        raise ValueError(f"{directory / CONFIG_NAME} lacks the field {err}; save the tokenizer again") from None
+        cls = get_tokenizer_class(config.pop("type", None))
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}; save the tokenizer again") from None
+    return cls._from_saved(config, directory)

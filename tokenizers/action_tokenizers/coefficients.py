@@ -1,0 +1,73 @@
+"""FAST's coefficient layer: the DCT over time, quantisation, the coefficient order, and ints <-> strings.
+
+    chunk [B, T, D] --dct--> coef --quantize(scale, deadzone)--> q ints [B, T, D] --flatten(order)--> [B, T * D]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.fft
+
+
+def dct(chunks: np.ndarray) -> np.ndarray:
+    """Orthonormal DCT-II over the time axis of ``[B, T, D]``."""
+    return scipy.fft.dct(chunks, axis=1, norm="ortho")
+
+
+def idct(coef: np.ndarray) -> np.ndarray:
+    return scipy.fft.idct(coef, axis=1, norm="ortho")
+
+
+def quantize(coef: np.ndarray, scale: float, deadzone: float = 0.0) -> np.ndarray:
+    """``round(coef * scale)`` (half to even, like the reference), with values below ``0.5 + deadzone`` set to 0."""
+    x = coef * scale
+    q = np.around(x)
+    if deadzone:
+        q[np.abs(x) < 0.5 + deadzone] = 0.0
+    return q.astype(np.int64)
+
+
+def scale_for_rmse(coef: np.ndarray, target_rmse: float, deadzone: float = 0.0) -> float:
+    """The smallest scale (to 0.1%) whose quantisation RMSE on ``coef`` is at most ``target_rmse``.
+
+    The DCT is orthonormal, so the RMSE of the coefficients is the RMSE of the chunks.
+    """
+    if not (np.isfinite(target_rmse) and target_rmse > 0):
+        raise ValueError(f"target_rmse must be a positive number, got {target_rmse!r}")
+
+    def rmse(scale: float) -> float:
+        return float(np.sqrt(np.mean((quantize(coef, scale, deadzone) / scale - coef) ** 2)))
+
+    lo, hi = 1e-3, 1e4
+    if rmse(hi) > target_rmse:
+        raise ValueError(f"target_rmse {target_rmse} is below what any scale up to {hi:g} reaches; ask for more")
+    for _ in range(60):  # bisection in log-scale; the RMSE falls (not strictly) as the scale grows
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if rmse(mid) <= target_rmse else (mid, hi)
+        if hi / lo < 1.001:
+            break
+    return hi
+
+
+def flatten(q: np.ndarray, order: str) -> np.ndarray:
+    """``[B, T, D]`` -> ``[B, T * D]``: frequency-major (C order, the reference) or dimension-major."""
+    return (q if order == "frequency" else q.transpose(0, 2, 1)).reshape(len(q), -1)
+
+
+def unflatten(flat: np.ndarray, order: str, time_horizon: int, action_dim: int) -> np.ndarray:
+    if order == "frequency":
+        return flat.reshape(len(flat), time_horizon, action_dim)
+    return flat.reshape(len(flat), action_dim, time_horizon).transpose(0, 2, 1)
+
+
+def ints_to_strings(symbols: np.ndarray) -> list[str]:
+    """Rows of non-negative ints ``[B, L]`` -> B strings of those code points, without a loop per value."""
+    b, n = symbols.shape
+    text = np.ascontiguousarray(symbols, dtype="<u4").tobytes().decode("utf-32-le")
+    return [text[i * n : (i + 1) * n] for i in range(b)]
+
+
+def string_to_ints(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.int64)

@@ -1,0 +1,99 @@
+"""Files: atomic writes and versioned JSON reads, used by every save and load in the library.
+
+    with atomic_directory("tok/") as tmp:      # write into tmp; on success it replaces tok/ in one rename
+        write_json(tmp / "config.json", {"format_version": 1, ...})
+    config = read_json(Path("tok/config.json"), "action tokenizer", format_version=1)
+
+Every error names the file and what to do about it, in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON, atomically (a reader never sees half a file)."""
+    atomic_write_text(Path(path), json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(
+    path: Path, what: str, format_version: int | None = None, *, assume_version: int | None = None
+) -> dict[str, Any]:
+    """Read a JSON object, raising a one-line ``ValueError`` naming ``path`` when it is missing or corrupt.
+
+    With ``format_version``, the file's ``format_version`` must equal it; a file without one is taken to be
+    ``assume_version`` (for files written before versions were recorded), or refused when that is None.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{what}: {path} is missing; is this a directory written by save_pretrained?")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        reason = str(err).splitlines()[0]
+        raise ValueError(f"{what}: {path} is not valid JSON ({reason}); save it again") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: {path} must hold a JSON object, not {type(data).__name__}; save it again")
+    if format_version is not None:
+        found = data.get("format_version", assume_version)
+        if found != format_version:
+            raise ValueError(
+                f"{what}: {path} has format_version {found!r} but this library reads {format_version}; "
+                "save it again with this version of action_tokenizers, or load it with the version that wrote it"
+            )
+    return data
+
+
+@contextmanager
+def atomic_directory(directory: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory beside ``directory``; on success it replaces ``directory`` in one rename.
+
+    On an exception nothing is left behind and an existing ``directory`` is untouched.
+    """
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; a saved model should not be
+        yield tmp
+        for path in tmp.rglob("*"):
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            os.rename(final, old / "x")
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file through a temporary name in the same directory, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
