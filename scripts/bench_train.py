@@ -1,88 +1,80 @@
 #!/usr/bin/env python
-"""Training throughput: samples/s and tokens/s of one optimiser step, per preset and tokenizer.
+"""Training throughput, end to end: samples/s of `vla train` (loading, tokenising, packing and the optimiser step),
+per preset, tokenizer and number of DataLoader workers.
 
-    python scripts/bench_train.py --out results/bench_train.json [--presets tiny,small] [--steps 10]
-        [--state-encodings text,embedding]
+    python scripts/bench_train.py --out results/bench_train.json [--presets tiny] [--workers 0,2] [--steps 60]
+    python scripts/bench_train.py --before /path/to/an/older/checkout ...   # the same runs on both, interleaved
 
-Runs on the default Meta-World dataset (recorded first if missing), state only, batch 32, AdamW; the first two
-steps are warm-up and not timed. On a machine with CUDA it measures there too (bf16 autocast).
+Each configuration is one `python -m vla.cli train` process on the default Meta-World dataset (recorded first if
+missing; state only, batch 32, configs/<tokenizer>.yaml), timed by the trainer itself over all its steps (one
+checkpoint included), ``--repeats`` times. ``--before`` runs another checkout of this project with the same
+interpreter too, alternating with this one run by run, so that both see the same load on a shared machine; the
+median of the repeats is reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import time
+import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from vla import data, train
-from vla.config import BinConfig, FASTConfig, PolicyOptions, TrainConfig
-from vla.sim.record import DEFAULT_DATASET_ROOT, ensure_dataset
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(preset: str, tokenizer, device: str, steps: int, batch_size: int, state_encoding: str = "text") -> dict:
-    cfg = TrainConfig(
-        dataset_root=str(DEFAULT_DATASET_ROOT), tokenizer=tokenizer, batch_size=batch_size, progress=False,
-        policy=PolicyOptions(preset=preset, time_horizon=10, n_action_steps=5, state_encoding=state_encoding),
-    )  # fmt: skip
-    info = data.dataset_info(cfg.dataset_root)
-    episodes = info.episode_index.tolist()
-    policy = train.build_policy(cfg, info, episodes).to(device).train()
-    dataset = data.ActionChunkDataset(cfg.dataset_root, 10, episodes=episodes, backend="memory")
-    loader = iter(train.make_loader(cfg, dataset, 0, 0, 1))
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
-    times, tokens = [], 0
-    for step in range(steps + 2):
-        batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in next(loader).items()}
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            loss, metrics = policy(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if step >= 2:
-            times.append(time.perf_counter() - start)
-            tokens += int(metrics["suffix_tokens"])  # the tokens the loss is computed on
-    seconds = sum(times)
-    return {
-        "preset": preset,
-        "tokenizer": tokenizer.type,
-        "state_encoding": state_encoding,
-        "device": device,
-        "batch_size": batch_size,
-        "params_m": sum(p.numel() for p in policy.parameters()) / 1e6,
-        "step_ms": 1000 * seconds / len(times),
-        "samples_per_s": batch_size * len(times) / seconds,
-        "suffix_tokens_per_s": tokens / seconds,
-    }
+def run(code: Path, tokenizer: str, preset: str, workers: int, steps: int, dataset: Path) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=f"{code}:{code / 'tokenizers'}")
+    with tempfile.TemporaryDirectory() as out:
+        args = [sys.executable, "-m", "vla.cli", "train", f"--config_path={code / 'configs' / f'{tokenizer}.yaml'}",
+                f"--dataset_root={dataset}", f"--output_dir={out}", f"--steps={steps}", f"--save_every={steps}",
+                f"--num_workers={workers}", "--progress=false", f"--policy.preset={preset}"]  # fmt: skip
+        done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=code)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    rate = float(re.search(r"([0-9.]+) samples/s", done.stdout).group(1))
+    return {"tokenizer": tokenizer, "preset": preset, "num_workers": workers, "steps": steps, "samples_per_s": rate}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results/bench_train.json"))
-    parser.add_argument("--presets", default="tiny,small")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--state-encodings", default="text,embedding", help="policy.state_encoding values to measure")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_train.json")
+    parser.add_argument("--before", type=Path, default=None, help="an older checkout to measure beside this one")
+    parser.add_argument("--presets", default="tiny")
+    parser.add_argument("--tokenizers", default="fast,bin")
+    parser.add_argument("--workers", default="0,2")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    ensure_dataset()
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    sys.path.insert(0, str(ROOT))
+    from vla.sim.record import DEFAULT_DATASET_ROOT, ensure_dataset
+
+    dataset = (ROOT / DEFAULT_DATASET_ROOT).resolve()
+    ensure_dataset(dataset)
+    codes = {"after": ROOT} | ({"before": args.before.resolve()} if args.before else {})
     rows = []
-    for device in devices:
-        for preset in args.presets.split(","):
-            for tok in (FASTConfig(), BinConfig()):
-                for encoding in args.state_encodings.split(","):
-                    row = measure(preset, tok, device, args.steps, args.batch_size, encoding)
-                    print(json.dumps(row))
+    for preset in args.presets.split(","):
+        for tokenizer in args.tokenizers.split(","):
+            for workers in [int(w) for w in args.workers.split(",")]:
+                rates: dict[str, list[float]] = {label: [] for label in codes}
+                for _ in range(args.repeats):
+                    for label, code in codes.items():
+                        rates[label].append(run(code, tokenizer, preset, workers, args.steps, dataset)["samples_per_s"])
+                for label, values in rates.items():
+                    row = {"code": label, "tokenizer": tokenizer, "preset": preset, "num_workers": workers,
+                           "steps": args.steps, "samples_per_s": float(np.median(values)), "runs": values}  # fmt: skip
+                    print(json.dumps(row), flush=True)
                     rows.append(row)
-    meta = {"threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
+    commits = {label: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=code, capture_output=True,
+                                     text=True).stdout.strip() for label, code in codes.items()}  # fmt: skip
+    meta = {"cpus": os.cpu_count(), "python": platform.python_version(), "dataset": str(DEFAULT_DATASET_ROOT),
+            "batch_size": 32, "commits": commits, "repeats": args.repeats}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")

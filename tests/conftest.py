@@ -1,14 +1,17 @@
-"""Shared fixtures: tiny LeRobot datasets recorded from Meta-World's push-v3 expert, once per session.
+"""Shared fixtures and helpers (test modules take helpers from here, never from each other).
 
-    tiny_dataset_root        4 successful episodes (~60 frames each at 80 fps), state only
+    tiny_dataset_root        4 successful push-v3 expert episodes (~60 frames each at 80 fps), state only
     tiny_image_dataset_root  2 episodes with a 64 px corner2 image per frame
+    gemma_like_dir           a stand-in for PaliGemma's Gemma tokenizer.json
+    T, D, fitted_tokenizers  small synthetic chunks and one tokenizer of each kind fitted on them
 
-Both are recorded by ``vla.sim.record`` with training seeds from 0 and are read-only for tests (copy
+The datasets are recorded by ``vla.sim.record`` with training seeds from 0 and are read-only for tests (copy
 one with ``shutil.copytree`` before changing it).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -29,7 +32,7 @@ def tiny_dataset_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vla.sim.record import record
 
     root = tmp_path_factory.mktemp("datasets") / "push_tiny"
-    record("push-v3", TINY_EPISODES, root, progress=False)
+    record("metaworld/push-v3", TINY_EPISODES, root, progress=False)
     return root
 
 
@@ -39,7 +42,7 @@ def tiny_image_dataset_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vla.sim.record import record
 
     root = tmp_path_factory.mktemp("datasets") / "push_tiny_images"
-    record("push-v3", TINY_IMAGE_EPISODES, root, images=True, image_size=TINY_IMAGE_SIZE, progress=False)
+    record("metaworld/push-v3", TINY_IMAGE_EPISODES, root, images=True, image_size=TINY_IMAGE_SIZE, progress=False)
     return root
 
 
@@ -53,3 +56,43 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+T, D = 10, 3  # small chunks keep every test fast
+
+
+@functools.lru_cache(maxsize=None)
+def fitted_tokenizers() -> dict:
+    """One small tokenizer of each kind, fitted on synthetic chunks ``[N, T, D]`` (shared by the vla tests)."""
+    import torch
+
+    import action_tokenizers as at
+    from action_tokenizers.synthetic import smooth_chunks
+
+    chunks = smooth_chunks(600, T, D, seed=0)
+    with torch.random.fork_rng(devices=[]):
+        fsq = at.FSQTokenizer.fit(chunks, hidden=16, depth=0, steps=50, show_progress=False)
+    return {
+        "fast": at.FASTTokenizer.fit(chunks, vocab_size=256),
+        "fast_byte_level": at.FASTTokenizer.fit(chunks, vocab_size=256, byte_level=True),
+        "bin": at.BinningTokenizer.fit(chunks, n_bins=256),
+        "fsq": fsq,
+    }
+
+
+def write_gemma_like_tokenizer(directory) -> None:
+    """A stand-in for PaliGemma's Gemma tokenizer.json (word-level, same special ids); no download needed."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<eos>", "<bos>", "<unk>", "|", "Action", ":", "Task", "State", ",", ";", "pick"]
+    vocab = {w: i for i, w in enumerate(words)} | {str(i): len(words) + i for i in range(256)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(directory / "tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
+def gemma_like_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gemma")
+    write_gemma_like_tokenizer(directory)
+    return directory

@@ -18,7 +18,7 @@ def result(tiny_dataset_root, tmp_path_factory):
     res = compare.compare(
         tiny_dataset_root,
         out,
-        tokenizers="fast,fast-bytelevel,bin,fsq",
+        tokenizers="fast fast:byte_level=true bin fsq beast:n_control_points=6",
         time_horizon=8,
         heldout=0.25,
         do_sweep=True,
@@ -32,7 +32,7 @@ def result(tiny_dataset_root, tmp_path_factory):
 def test_every_key_present_and_finite(result):
     res, out = result
     saved = json.loads((out / "compare.json").read_text())
-    assert set(saved["tokenizers"]) == {"fast", "fast-bytelevel", "bin", "fsq"}
+    assert set(saved["tokenizers"]) == {"fast", "fast:byte_level=true", "bin", "fsq", "beast:n_control_points=6"}
     for name, row in saved["tokenizers"].items():
         for key in KEYS:
             assert key in row and math.isfinite(row[key]), (name, key)
@@ -58,6 +58,17 @@ def test_fast_error_falls_as_scale_rises(result):
     assert tokens[0] < tokens[-1]
 
 
+def test_entries_are_registry_names_with_options():
+    entry = compare.parse_entry("bin:n_bins=128")
+    assert (entry.name, entry.options) == ("bin", {"n_bins": 128})
+    assert compare.parse_entry("fsq:levels=[8,5,5]").options == {"levels": [8, 5, 5]}
+    assert set(compare.DEFAULT_TOKENIZERS) >= {"fast", "fast:byte_level=true", "bin", "fsq", "beast"}
+    with pytest.raises(ValueError, match="unknown bin option 'nbins'.*did you mean 'n_bins'"):
+        compare.parse_entry("bin:nbins=128")
+    with pytest.raises(ValueError, match="option=value"):
+        compare.parse_entry("bin:128")
+
+
 def test_bad_input(tiny_dataset_root, tmp_path):
     with pytest.raises(ValueError, match="did you mean 'fsq'"):
         compare.compare(tiny_dataset_root, tmp_path, tokenizers="fqs")
@@ -73,3 +84,31 @@ def test_default_horizon_is_capped_at_the_shortest_episode(tiny_dataset_root):
     t = compare.default_time_horizon(info, messages.append)
     assert t == min(info.fps, int(np.min(info.episode_lengths)))
     assert bool(messages) == (info.fps > np.min(info.episode_lengths))
+
+
+def test_tokenizer_fit_saves_tokenizer_normaliser_and_report_and_train_uses_them(tiny_dataset_root, tmp_path, capsys):
+    import action_tokenizers as at
+    from vla import train
+    from vla.cli import main
+    from vla.config import TrainConfig, tokenizer_config
+    from vla.data import dataset_info
+    from vla.policy import VLAConfig
+
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "fit", "--root", str(tiny_dataset_root), "--type", "bin", "--option", "n_bins=64",
+                 "--time-horizon", "4", "--out", str(out)]) == 0  # fmt: skip
+    tok = at.load_tokenizer(out)
+    assert tok.name == "bin" and tok.vocab_size == 64
+    report = json.loads((out / "report.json").read_text())
+    row = report["tokenizers"]["bin:n_bins=64"]
+    assert row["tokens_per_chunk_mean"] == 4 * 4 and row["valid_rate_heldout"] == 1.0 and row["rmse"] < 0.05
+    assert (out / "rate_distortion.png").is_file() and (out / "action_normalizer.json").is_file()
+    assert main(["tokenizer", "fit", "--root", str(tiny_dataset_root), "--type", "bin", "--out", str(out)]) == 1
+    assert "not an empty folder" in capsys.readouterr().err
+    cfg = TrainConfig(dataset_root=str(tiny_dataset_root), output_dir=str(tmp_path / "run"), steps=1, batch_size=4,
+                      tokenizer=tokenizer_config("bin", pretrained_path=str(out)), progress=False,
+                      policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"))  # fmt: skip
+    info = dataset_info(tiny_dataset_root)
+    policy = train.build_policy(cfg, info, info.episode_index.tolist())
+    assert policy.action_tokenizer.vocab_size == 64
+    np.testing.assert_allclose(policy.action_normalizer.offset, at.Normalizer.load(out / "action_normalizer.json").offset)

@@ -2,7 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from vla.config import FASTConfig, FSQConfig, PolicyOptions, TrainConfig, load_config
+import action_tokenizers as at
+from vla.config import TOKENIZER_CONFIGS, TrainConfig, load_config, tokenizer_config
+from vla.policy import VLAConfig
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
@@ -16,14 +18,30 @@ def test_there_are_configs():
 def test_every_config_parses(path):
     cfg = load_config(str(path))
     assert isinstance(cfg, TrainConfig)
-    assert cfg.tokenizer.type in ("fast", "bin", "fsq")
+    assert cfg.tokenizer.type in at.TOKENIZERS
     assert 1 <= cfg.policy.n_action_steps <= cfg.policy.time_horizon
 
 
 def test_overrides_with_a_choice_type():
     cfg = load_config("configs/debug.yaml", ["--tokenizer.type=fsq", "--tokenizer.steps=7", "--steps=3"])
-    assert isinstance(cfg.tokenizer, FSQConfig) and cfg.tokenizer.steps == 7 and cfg.steps == 3
-    assert isinstance(load_config("configs/debug.yaml").tokenizer, FASTConfig)
+    assert isinstance(cfg.tokenizer, TOKENIZER_CONFIGS["fsq"]) and cfg.tokenizer.steps == 7 and cfg.steps == 3
+    assert isinstance(load_config("configs/debug.yaml").tokenizer, TOKENIZER_CONFIGS["fast"])
+
+
+def test_tokenizer_choices_are_the_librarys_registry():
+    """One registry: every registered tokenizer is a config choice with the fields and defaults of its Options."""
+    import dataclasses
+
+    assert set(TOKENIZER_CONFIGS) == set(at.TOKENIZERS)
+    for name, cls in at.TOKENIZERS.items():
+        choice = tokenizer_config(name)
+        assert choice.type == name
+        assert choice.options() == dataclasses.asdict(cls.Options())
+
+
+def test_policy_config_is_the_one_config():
+    cfg = load_config("configs/fast.yaml", ["--policy.time_horizon=8", "--policy.n_action_steps=4"])
+    assert isinstance(cfg.policy, VLAConfig) and cfg.policy.time_horizon == 8
 
 
 @pytest.mark.parametrize(
@@ -32,7 +50,7 @@ def test_overrides_with_a_choice_type():
         ({"steps": 0}, "steps must be"),
         ({"ema_decay": 1.0}, "ema_decay"),
         ({"mixed_precision": "fp8"}, "mixed_precision"),
-        ({"policy": PolicyOptions(state_encoding="float")}, "state_encoding must be one of text, embedding"),
+        ({"log_every": 0}, "log_every"),
     ],
 )
 def test_validation_names_the_value(kwargs, message):

@@ -10,15 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from vla.data import (
-    ActionChunkDataset,
-    action_chunks,
-    dataset_info,
-    frame_stats,
-    load_stats,
-    open_dataset,
-    split_episodes,
-)
+from vla.data import action_chunks, as_info, dataset_info, frame_stats, load_stats, split_episodes
+from vla.dataset import ActionChunkDataset, open_dataset
 
 PIPER = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "piper_grape"
 T = 10
@@ -73,6 +66,15 @@ def test_no_partial_folders_left(tiny_dataset_root):
 
 
 # -- chunks and padding ----------------------------------------------------------------------------
+
+
+def test_a_read_info_is_passed_on_and_the_dataset_is_a_torch_dataset(tiny_dataset_root):
+    import torch
+
+    info = dataset_info(tiny_dataset_root)
+    assert as_info(info) is info
+    np.testing.assert_array_equal(action_chunks(info, T)[0], action_chunks(tiny_dataset_root, T)[0])
+    assert isinstance(ActionChunkDataset(info, T, backend="memory"), torch.utils.data.Dataset)
 
 
 def test_chunk_shapes_and_padding_at_episode_ends(tiny_dataset_root):
@@ -203,7 +205,7 @@ def test_image_samples_and_state_only_reading(tiny_image_dataset_root):
     assert image.shape == (3, 64, 64) and image.dtype.is_floating_point
     assert 0.0 <= image.min() and image.max() <= 1.0 and image.std() > 0.01
     # PNG frames are lossless: the stored first frame is what the simulator renders on that seed
-    with make_env("push-v3", image_size=64) as env:
+    with make_env("metaworld/push-v3", image_keys=info.camera_keys, image_size=64) as env:
         obs = env.reset(info.recording["seeds"][0])
     np.testing.assert_array_equal(image.numpy(), obs["observation.images.corner2"])
 

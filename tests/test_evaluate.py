@@ -6,22 +6,23 @@ import numpy as np
 import pytest
 
 from vla import evaluate, train
-from vla.config import FASTConfig, PolicyOptions, TrainConfig
+from vla.config import TrainConfig, tokenizer_config
+from vla.policy import VLAConfig
 
 
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_dataset_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     cfg = TrainConfig(
-        dataset_root=str(tiny_dataset_root), output_dir=str(out), tokenizer=FASTConfig(vocab_size=256),
-        policy=PolicyOptions(preset="micro", time_horizon=4, n_action_steps=4), steps=2, batch_size=4,
-        warmup_steps=1, save_every=2, progress=False,
+        dataset_root=str(tiny_dataset_root), output_dir=str(out), tokenizer=tokenizer_config("fast", vocab_size=256),
+        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=4, scheduler_warmup_steps=1, device="cpu"),
+        steps=2, batch_size=4, save_every=2, progress=False,
     )  # fmt: skip
     return train.main(cfg)["policy_path"]
 
 
 def test_evaluation_runs_short_episodes(tiny_policy, tmp_path):
-    report = evaluate.evaluate(tiny_policy, "push-v3", episodes=2, max_steps=12, out_dir=tmp_path, progress=False)
+    report = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=2, max_steps=12, out_dir=tmp_path, progress=False)
     saved = json.loads((tmp_path / "eval_info.json").read_text())
     assert saved["episodes"] == 2 and saved["lengths"] == [12, 12]  # an untrained policy does not succeed
     assert saved["chunks"] == 6 and saved["valid_chunk_rate"] == 1.0  # constrained: every chunk decodes
@@ -30,8 +31,8 @@ def test_evaluation_runs_short_episodes(tiny_policy, tmp_path):
 
 
 def test_evaluation_does_not_depend_on_how_many_envs_run_at_once(tiny_policy):
-    one = evaluate.evaluate(tiny_policy, "push-v3", episodes=3, max_steps=8, num_envs=1, progress=False)
-    three = evaluate.evaluate(tiny_policy, "push-v3", episodes=3, max_steps=8, num_envs=3, progress=False)
+    one = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=3, max_steps=8, num_envs=1, progress=False)
+    three = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=3, max_steps=8, num_envs=3, progress=False)
     assert three["num_envs"] == 3 and one["num_envs"] == 1
     np.testing.assert_allclose(three["returns"], one["returns"], rtol=1e-6)
     assert three["chunks"] == one["chunks"] == 6
@@ -39,9 +40,9 @@ def test_evaluation_does_not_depend_on_how_many_envs_run_at_once(tiny_policy):
 
 def test_evaluation_rejects_training_seeds_and_missing_policy(tiny_policy, tmp_path):
     with pytest.raises(ValueError, match="overlap training seeds"):
-        evaluate.evaluate(tiny_policy, "push-v3", episodes=1, seed_start=0, progress=False)
+        evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, seed_start=0, progress=False)
     with pytest.raises(ValueError, match="no policy at"):
-        evaluate.evaluate(tmp_path / "nothing", "push-v3", episodes=1, progress=False)
+        evaluate.evaluate(tmp_path / "nothing", "metaworld/push-v3", episodes=1, progress=False)
 
 
 def test_demo_quick_reports_every_tokenizer(tmp_path):

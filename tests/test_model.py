@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from action_tokenizers.synthetic import smooth_chunks
-from tests.test_sequence import D, T, fitted_tokenizers
+from tests.conftest import D, T, fitted_tokenizers
 from vla.model import PRESETS, build_model, get_preset
 from vla.sequence import SequenceLayout, VocabMap
 

@@ -12,9 +12,9 @@ from lerobot.configs import PreTrainedConfig
 
 import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
-from tests.test_sequence import D, T, fitted_tokenizers, write_gemma_like_tokenizer
+from tests.conftest import D, T, fitted_tokenizers, write_gemma_like_tokenizer
 from vla.policy import VLAConfig, VLAPolicy, make_vla_pre_post_processors
-from vla.sequence import prompt_words
+from vla.text import prompt_words
 
 S = 5  # state dimension
 CAM = "observation.images.front"
@@ -105,9 +105,31 @@ def test_forward_gives_a_loss_and_metrics():
     loss, metrics = policy.forward(make_batch(cameras=(CAM,)))
     assert loss.ndim == 0 and torch.isfinite(loss)
     assert {"loss", "accuracy", "tokens_per_chunk", "action_pad_fraction"} <= set(metrics)
-    assert all(isinstance(v, float) for v in metrics.values())
+    assert all(isinstance(v, torch.Tensor) and v.ndim == 0 for v in metrics.values())  # no host sync in forward
     loss.backward()
     assert policy.model.backbone.lm_head.weight.grad is not None
+
+
+def test_packed_batch_from_the_collate_gives_the_raw_batchs_loss():
+    """The DataLoader's collate (the pipeline's training steps in a worker) and a raw batch give the same loss."""
+    from vla.pipeline import Collate
+
+    policy = make_policy(cameras=(CAM,)).eval()
+    batch = make_batch(cameras=(CAM,))
+    samples = [{k: v[i] for k, v in batch.items()} for i in range(3)]
+    packed = Collate(policy.pipeline.training)(samples)
+    assert set(packed) >= {"sequence", "images", "tokens_per_chunk", "action_pad_fraction"}
+    torch.testing.assert_close(policy.forward(packed)[0], policy.forward(batch)[0])
+
+
+def test_step_through_yields_every_intermediate():
+    policy = make_policy()
+    steps = list(policy.pipeline.step_through(make_batch(b=2)))
+    names = [name for name, _ in steps]
+    assert names == ["CheckBatch", "Normalize", "StackImages", "TokenizeActions", "BuildSequence"]
+    normalised = dict(steps)["Normalize"]["action"]
+    np.testing.assert_allclose(normalised, policy.action_normalizer.normalize(make_batch(b=2)["action"].double().numpy()))
+    assert len(dict(steps)["TokenizeActions"]["action_ids"]) == 2 and "sequence" in steps[-1][1]
 
 
 def test_predict_and_the_action_queue():
@@ -279,7 +301,8 @@ def test_a_local_paligemma_checkpoint_loads_offline(tmp_path):
     from transformers import PaliGemmaForConditionalGeneration
 
     from vla.model import PRESETS, paligemma_config
-    from vla.sequence import LocalTextTokenizer, VocabMap
+    from vla.sequence import VocabMap
+    from vla.text import LocalTextTokenizer
 
     tok = fitted_tokenizers()["fast"]
     checkpoint = tmp_path / "paligemma"

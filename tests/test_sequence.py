@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import numpy as np
@@ -13,32 +12,9 @@ from hypothesis import strategies as st
 
 import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
-from vla.sequence import (
-    ByteTextTokenizer,
-    LocalTextTokenizer,
-    SequenceLayout,
-    VocabMap,
-    clean_task,
-    prefix_lm_mask,
-    prompt_words,
-)
-
-T, D = 10, 3  # small chunks keep every test fast
-
-
-@functools.lru_cache(maxsize=None)
-def fitted_tokenizers() -> dict[str, at.ActionTokenizer]:
-    """One small tokenizer of each kind, fitted on synthetic chunks ``[N, T, D]`` (shared by the vla tests)."""
-    chunks = smooth_chunks(600, T, D, seed=0)
-    with torch.random.fork_rng(devices=[]):
-        fsq = at.FSQTokenizer.fit(chunks, hidden=16, depth=0, steps=50, show_progress=False)
-    return {
-        "fast": at.FASTTokenizer.fit(chunks, vocab_size=256),
-        "fast_byte_level": at.FASTTokenizer.fit(chunks, vocab_size=256, byte_level=True),
-        "bin": at.BinningTokenizer.fit(chunks, n_bins=256),
-        "fsq": fsq,
-    }
-
+from tests.conftest import D, T, fitted_tokenizers
+from vla.sequence import SequenceLayout, VocabMap, prefix_lm_mask
+from vla.text import ByteTextTokenizer, LocalTextTokenizer, clean_task, prompt_words
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -87,24 +63,6 @@ def test_prompt_words_shorten_the_prompt():
     assert worded.vocab.marker_ids == (worded.vocab.text.word_offset + 3,)
     with pytest.raises(ValueError, match="distinct non-empty"):
         ByteTextTokenizer(["a", "a"])
-
-
-def write_gemma_like_tokenizer(directory) -> None:
-    """A stand-in for PaliGemma's Gemma tokenizer.json (word-level, same special ids); no download needed."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = ["<pad>", "<eos>", "<bos>", "<unk>", "|", "Action", ":", "Task", "State", ",", ";", "pick"]
-    vocab = {w: i for i, w in enumerate(words)} | {str(i): len(words) + i for i in range(256)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(directory / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
-def gemma_like_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gemma")
-    write_gemma_like_tokenizer(directory)
-    return directory
 
 
 def test_paligemma_vocab_uses_openpi_mapping(gemma_like_dir):

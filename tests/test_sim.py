@@ -1,4 +1,5 @@
-"""vla.sim: the Meta-World wrapper, the expert through the rollout helper, recording and its CLI."""
+"""vla.sim: the simulator interface and registry, the Meta-World env, the expert through the rollout loop,
+recording and its CLI."""
 
 from __future__ import annotations
 
@@ -7,25 +8,38 @@ import json
 import numpy as np
 import pytest
 
-from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, ExpertPolicy, check_task, make_env, task_text
+from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, make_env, make_expert, split_name
+from vla.sim.metaworld_env import ExpertPolicy, task_text
 from vla.sim.record import record
-from vla.sim.rollout import rollout, run_episode, run_episodes
+from vla.sim.rollout import run_episode, run_episodes, summarize
+
+PUSH, REACH = "metaworld/push-v3", "metaworld/reach-v3"
 
 
-def test_unknown_task_suggests_the_close_one():
-    with pytest.raises(ValueError, match="Did you mean 'push-v3'"):
-        check_task("pushh-v3")
-    with pytest.raises(ValueError, match="'pick-place-v3'"):
-        make_env("pick-place")
+def episodes(policy, name: str, n: int, seed_start: int = EVAL_SEED_START, **kwargs) -> dict:
+    """``n`` episodes of ``name`` on consecutive seeds, one env, through the rollout loop; the summary."""
+    with make_env(name, max_steps=kwargs.pop("max_steps", None)) as env:
+        results = [run_episode(env, policy, s, **kwargs) for s in range(seed_start, seed_start + n)]
+    return summarize(results)
+
+
+def test_names_are_family_slash_task_and_unknown_ones_get_suggestions():
+    with pytest.raises(ValueError, match="did you mean 'push-v3'"):
+        split_name("metaworld/pushh-v3")
+    with pytest.raises(ValueError, match="unknown simulator 'metawrld'.*did you mean 'metaworld'"):
+        make_env("metawrld/push-v3")
+    with pytest.raises(ValueError, match="family/task"):
+        make_env("push-v3")
     assert task_text("push-v3") == "push the puck to a goal"
     assert task_text("made-up-task-v3") == "made up task"
 
 
 def test_reset_seeds_give_reproducible_distinct_layouts():
-    with make_env("push-v3") as env:
+    with make_env(PUSH) as env:
         a = env.reset(TRAIN_SEED_START)
         b = env.reset(TRAIN_SEED_START + 1)
         again = env.reset(TRAIN_SEED_START)
+    assert env.name == PUSH and env.action_dim == 4 and env.fps == 80 and env.max_steps == 500
     assert a["observation.state"].shape == (39,) and a["observation.state"].dtype == np.float32
     assert a["task"] == "push the puck to a goal"
     np.testing.assert_array_equal(a["observation.state"], again["observation.state"])
@@ -33,7 +47,7 @@ def test_reset_seeds_give_reproducible_distinct_layouts():
 
 
 def test_step_contract_and_bad_actions():
-    with make_env("reach-v3", max_steps=3) as env:
+    with make_env(REACH, max_steps=3) as env:
         env.reset(0)
         with pytest.raises(ValueError, match="float \\[4\\]"):
             env.step(np.zeros(3))
@@ -46,16 +60,20 @@ def test_step_contract_and_bad_actions():
             env.step(np.zeros(4))
 
 
-def test_images_render_as_float_chw():
-    with make_env("push-v3", image_size=32) as env:
+def test_images_render_as_float_chw_and_features_describe_them():
+    key = "observation.images.corner2"
+    with make_env(PUSH, image_keys=[key], image_size=32) as env:
         obs = env.reset(0)
-    image = obs["observation.images.corner2"]
+        assert env.features[key]["shape"] == (32, 32, 3) and env.last_frames[key].shape == (32, 32, 3)
+    image = obs[key]
     assert image.shape == (3, 32, 32) and image.dtype == np.float32
     assert 0.0 <= image.min() and image.max() <= 1.0 and image.std() > 0.01
+    with pytest.raises(ValueError, match="unknown camera 'cornr2'.*did you mean 'corner2'"):
+        make_env(PUSH, image_keys=["observation.images.cornr2"])
 
 
 def test_expert_through_rollout_succeeds_on_eval_seeds():
-    report = rollout(ExpertPolicy("push-v3"), "push-v3", episodes=3)
+    report = episodes(make_expert(PUSH), PUSH, 3)
     assert report["seeds"] == [EVAL_SEED_START, EVAL_SEED_START + 1, EVAL_SEED_START + 2]
     assert report["success_rate"] == 1.0
     assert 20 < report["mean_length"] < 200 and report["mean_return"] > 0
@@ -63,12 +81,11 @@ def test_expert_through_rollout_succeeds_on_eval_seeds():
 
 
 def test_rollout_reproduces_the_recording(tiny_dataset_root):
-    """The expert through the rollout helper, on the recording's seeds, does exactly what was recorded."""
+    """The expert through the rollout loop, on the recording's seeds, does exactly what was recorded."""
     from vla.data import dataset_info
 
     recording = dataset_info(tiny_dataset_root).recording
-    attempts = recording["attempts"]
-    report = rollout(ExpertPolicy("push-v3"), "push-v3", episodes=attempts, seed_start=recording["seed_start"])
+    report = episodes(make_expert(PUSH), PUSH, recording["attempts"], seed_start=recording["seed_start"])
     assert report["success_rate"] == pytest.approx(recording["expert_success_rate"])
     kept = [length for length, ok in zip(report["lengths"], report["successes"]) if ok]
     assert kept == recording["episode_lengths"]
@@ -78,24 +95,20 @@ class RepeatChunk:
     """A chunk policy: the expert's current action repeated ``horizon`` times, as a torch tensor."""
 
     def __init__(self, horizon: int):
-        self.expert, self.horizon, self.resets = ExpertPolicy("push-v3"), horizon, 0
+        self.expert, self.horizon = ExpertPolicy("push-v3"), horizon
 
     def __call__(self, obs):
         import torch
 
         return torch.from_numpy(np.repeat(self.expert(obs), self.horizon, axis=0))  # [T, 4]
 
-    def reset(self):
-        self.resets += 1
-
 
 def test_rollout_executes_n_action_steps_of_each_chunk():
-    expert = rollout(ExpertPolicy("push-v3"), "push-v3", episodes=2, seed_start=EVAL_SEED_START + 10)
-    policy = RepeatChunk(horizon=5)
-    replan_every_step = rollout(policy, "push-v3", episodes=2, seed_start=EVAL_SEED_START + 10, n_action_steps=1)
+    start = EVAL_SEED_START + 10
+    expert = episodes(make_expert(PUSH), PUSH, 2, seed_start=start)
+    replan_every_step = episodes(RepeatChunk(horizon=5), PUSH, 2, seed_start=start, n_action_steps=1)
     assert replan_every_step["lengths"] == expert["lengths"]  # only the first action of each chunk ran
-    assert policy.resets == 2
-    open_loop = rollout(RepeatChunk(horizon=5), "push-v3", episodes=2, seed_start=EVAL_SEED_START + 10)
+    open_loop = episodes(RepeatChunk(horizon=5), PUSH, 2, seed_start=start)
     assert open_loop["lengths"] != expert["lengths"]  # whole chunks ran: a different trajectory
 
 
@@ -112,9 +125,9 @@ class BatchOf:
 
 def test_batched_episodes_match_one_at_a_time():
     seeds = list(range(EVAL_SEED_START + 20, EVAL_SEED_START + 25))
-    with make_env("push-v3", max_steps=40) as env:
+    with make_env(PUSH, max_steps=40) as env:
         one_by_one = [run_episode(env, RepeatChunk(horizon=4), s, n_action_steps=2) for s in seeds]
-    envs = [make_env("push-v3", max_steps=40) for _ in range(3)]
+    envs = [make_env(PUSH, max_steps=40) for _ in range(3)]
     batch = BatchOf(RepeatChunk(horizon=4))
     ended = []
     try:
@@ -128,16 +141,16 @@ def test_batched_episodes_match_one_at_a_time():
 
 
 def test_batched_episodes_reject_a_short_batch():
-    with make_env("reach-v3", max_steps=5) as env:
+    with make_env(REACH, max_steps=5) as env:
         with pytest.raises(ValueError, match="returned 0 chunks for 1 observations"):
             run_episodes([env], lambda observations: np.zeros((0, 2, 4)), [EVAL_SEED_START])
 
 
 def test_rollout_rejects_malformed_policy_output():
     with pytest.raises(ValueError, match=r"actions \[T, 4\]"):
-        rollout(lambda obs: np.zeros((2, 3)), "reach-v3", episodes=1, max_steps=5)
+        episodes(lambda obs: np.zeros((2, 3)), REACH, 1, max_steps=5)
     with pytest.raises(ValueError, match="n_action_steps"):
-        rollout(ExpertPolicy("reach-v3"), "reach-v3", episodes=1, n_action_steps=0)
+        episodes(make_expert(REACH), REACH, 1, n_action_steps=0)
 
 
 # -- recording -------------------------------------------------------------------------------------
@@ -145,18 +158,18 @@ def test_rollout_rejects_malformed_policy_output():
 
 def test_record_refuses_existing_root_and_eval_seeds(tiny_dataset_root, tmp_path):
     with pytest.raises(ValueError, match="already exists"):
-        record("push-v3", 1, tiny_dataset_root, progress=False)
+        record(PUSH, 1, tiny_dataset_root, progress=False)
     with pytest.raises(ValueError, match="kept for evaluation"):
-        record("push-v3", 5, tmp_path / "ds", seed=EVAL_SEED_START - 3, progress=False)
-    with pytest.raises(ValueError, match="Did you mean 'reach-v3'"):
-        record("reach-v2", 1, tmp_path / "ds", progress=False)
+        record(PUSH, 5, tmp_path / "ds", seed=EVAL_SEED_START - 3, progress=False)
+    with pytest.raises(ValueError, match="did you mean 'reach-v3'"):
+        record("metaworld/reach-v2", 1, tmp_path / "ds", progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_recording_leaves_nothing(tmp_path):
     # 5 steps are too few for the expert to push the puck anywhere: every attempt fails
     with pytest.raises(ValueError, match="succeeded in only 0 of"):
-        record("push-v3", 1, tmp_path / "ds", max_steps=5, progress=False)
+        record(PUSH, 1, tmp_path / "ds", max_steps=5, progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -174,12 +187,12 @@ def test_interrupted_recording_leaves_nothing(tmp_path, monkeypatch):
     original = record_module.run_episode
     monkeypatch.setattr(record_module, "run_episode", run_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        record("reach-v3", 3, tmp_path / "ds", progress=False)
+        record(REACH, 3, tmp_path / "ds", progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_keep_failed_records_flags(tmp_path):
-    summary = record("reach-v3", 2, tmp_path / "ds", max_steps=8, keep_failed=True, progress=False)
+    summary = record(REACH, 2, tmp_path / "ds", max_steps=8, keep_failed=True, progress=False)
     assert summary["episodes"] == 2 and summary["episode_lengths"] == [8, 8]
     assert summary["episode_success"] == [False, False] and summary["expert_success_rate"] == 0.0
 
@@ -195,7 +208,7 @@ def test_cli_records_and_prints_the_success_rate(tmp_path, capsys):
     assert main(["data", "info", str(root)]) == 0
     assert "2 episodes" in capsys.readouterr().out
     assert main(["data", "record", "--task", "rech-v3", "--root", str(tmp_path / "x"), "--quiet"]) == 1
-    assert "Did you mean 'reach-v3'" in capsys.readouterr().err
+    assert "did you mean 'reach-v3'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
@@ -207,9 +220,9 @@ def test_noisy_recording_stores_the_experts_action_and_reproduces(tmp_path):
         info = data.dataset_info(root)
         return info, data._read_frames(info, list(range(info.num_episodes)), ["observation.state", "action"])
 
-    noisy = record("push-v3", 2, tmp_path / "noisy", action_noise=0.3, progress=False)
-    again = record("push-v3", 2, tmp_path / "again", action_noise=0.3, progress=False)
-    clean = record("push-v3", 2, tmp_path / "clean", progress=False)
+    noisy = record(PUSH, 2, tmp_path / "noisy", action_noise=0.3, progress=False)
+    again = record(PUSH, 2, tmp_path / "again", action_noise=0.3, progress=False)
+    clean = record(PUSH, 2, tmp_path / "clean", progress=False)
     info, got = frames(tmp_path / "noisy")
     assert info.recording["action_noise"] == 0.3 and clean["action_noise"] == 0.0
     expert = ExpertPolicy("push-v3")
@@ -222,22 +235,22 @@ def test_noisy_recording_stores_the_experts_action_and_reproduces(tmp_path):
     n = min(len(plain["action"]), len(got["action"]))
     assert not np.allclose(plain["observation.state"][:n], got["observation.state"][:n])  # the noise ran
     with pytest.raises(ValueError, match="action_noise"):
-        record("push-v3", 1, tmp_path / "bad", action_noise=-0.1, progress=False)
+        record(PUSH, 1, tmp_path / "bad", action_noise=-0.1, progress=False)
 
 
 def test_ensure_dataset_records_again_only_when_the_settings_changed(tmp_path, monkeypatch):
     from vla.sim import record as record_module
 
     root, said = tmp_path / "ds", []
-    record_module.ensure_dataset(root, "reach-v3", 1, log=said.append, progress=False)
-    assert "recording 1 reach-v3" in said[-1]
+    record_module.ensure_dataset(root, REACH, 1, log=said.append, progress=False)
+    assert "recording 1 metaworld/reach-v3" in said[-1]
     recorded = []  # the keyword arguments of every recording from here on
     monkeypatch.setattr(record_module, "record", lambda *a, **k: recorded.append(k) or record(*a, **k))
-    record_module.ensure_dataset(root, "reach-v3", 1, log=said.append, progress=False)
+    record_module.ensure_dataset(root, REACH, 1, log=said.append, progress=False)
     assert recorded == []  # same settings: the dataset there is used
-    record_module.ensure_dataset(root, "reach-v3", 1, action_noise=0.2, log=said.append, progress=False)
+    record_module.ensure_dataset(root, REACH, 1, action_noise=0.2, log=said.append, progress=False)
     assert "action_noise 0.0 -> 0.2" in said[-1] and recorded[-1]["overwrite"]
     assert json.loads((root / "meta" / "recording.json").read_text())["action_noise"] == 0.2
     (root / "meta" / "recording.json").unlink()  # not recorded by us: used as it is, whatever it holds
-    record_module.ensure_dataset(root, "reach-v3", 5, log=said.append, progress=False)
+    record_module.ensure_dataset(root, REACH, 5, log=said.append, progress=False)
     assert len(recorded) == 1

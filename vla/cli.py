@@ -13,16 +13,19 @@ import sys
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("vla.sim.cli", "record demonstrations into a LeRobot dataset"),
+    "data": ("vla.sim.cli", "record demonstrations into a LeRobot dataset; describe one"),
     "compare": ("vla.compare", "compare action tokenizers on a dataset"),
+    "tokenizer": ("vla.fit", "fit an action tokenizer on a dataset (vla tokenizer fit)"),
     "train": ("vla.train", "train a policy from a config"),
     "eval": ("vla.evaluate", "closed-loop evaluation of a trained policy"),
+    "inspect": ("vla.inspect", "draw one sample's token layout, attention mask and decoding steps"),
     "demo": ("vla.demo", "record, fit, train and evaluate every tokenizer, then compare"),
 }
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vla", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error, not only its message")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
@@ -46,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         args.extra = extra
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError, RuntimeError) as err:  # user errors: one line that names the fix
+        if args.debug:
+            raise
         print(f"vla {args.command}: error: {err}", file=sys.stderr)
         return 1
 

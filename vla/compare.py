@@ -13,11 +13,11 @@ sequences decode. ``--sweep`` adds rate-distortion curves. Writes ``compare.json
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,45 +25,57 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import action_tokenizers as at
+from lerobot.utils.constants import ACTION
+
 from vla import data
+from vla.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
+from vla.io import atomic_write_text
+from vla.names import check_name
 
-def _fit_fast(chunks: np.ndarray, byte_level: bool = False, **options: Any) -> at.FASTTokenizer:
-    options.setdefault("vocab_size", fast_vocab(chunks, options.get("scale", 10.0)))
-    return at.FASTTokenizer.fit(chunks, byte_level=byte_level, **options)
-
-
-# name -> how to fit it on normalised training chunks (options override the defaults)
-FITTERS: dict[str, Callable[..., at.ActionTokenizer]] = {
-    "fast": _fit_fast,
-    "fast-bytelevel": lambda chunks, **options: _fit_fast(chunks, byte_level=True, **options),
-    "bin": at.BinningTokenizer.fit,
-    "fsq": at.FSQTokenizer.fit,
-}
-DEFAULT_TOKENIZERS = ("fast", "fast-bytelevel", "bin", "fsq")
-SWEEPS: dict[str, tuple[str, str, list[Any]]] = {  # tokenizer -> (option, label, values)
-    "fast": ("scale", "scale", [2.0, 5.0, 10.0, 20.0, 50.0]),
-    "bin": ("n_bins", "bins", [32, 64, 128, 256, 512, 1024]),
-    "fsq": ("levels", "levels", [[8, 6, 5], [8, 5, 5, 5], [7, 5, 5, 5, 5], [8, 8, 8, 6, 5], [8, 8, 8, 5, 5, 5]]),
+# The comparison's default entries: every registered tokenizer, plus FAST with the published byte-level BPE.
+DEFAULT_TOKENIZERS = ("fast", "fast:byte_level=true", *(n for n in at.TOKENIZERS if n != "fast"))
+SWEEPS: dict[str, tuple[str, list[Any]]] = {  # tokenizer -> (option, values): its rate-distortion knob
+    "fast": ("scale", [2.0, 5.0, 10.0, 20.0, 50.0]),
+    "bin": ("n_bins", [32, 64, 128, 256, 512, 1024]),
+    "fsq": ("levels", [[8, 6, 5], [8, 5, 5, 5], [7, 5, 5, 5, 5], [8, 8, 8, 6, 5], [8, 8, 8, 5, 5, 5]]),
+    "beast": ("n_control_points", [5, 6, 8, 10, 14]),  # degree 4 needs at least 5
 }
 
 
-def fast_vocab(chunks: np.ndarray, scale: float, default: int = 1024) -> int:
-    """FAST's default vocabulary, raised when the coefficient range needs more symbols than it has."""
-    q = np.around(at.fast.dct(chunks) * scale)
-    n_symbols = int(q.max() - q.min() + 1)
-    return max(default, int(2 ** np.ceil(np.log2(n_symbols + 256))))
+@dataclass(frozen=True)
+class Entry:
+    """One row of the comparison: a registered tokenizer with options, written ``name[:option=value,...]``."""
+
+    label: str  # as written, e.g. "fast:byte_level=true"
+    name: str  # the registry name
+    options: dict[str, Any]
+
+    def fit(self, chunks: np.ndarray, **extra: Any) -> at.ActionTokenizer:
+        return at.get_tokenizer_class(self.name).fit(chunks, **{**self.options, **extra})
 
 
-def parse_tokenizers(names: str | list[str]) -> list[str]:
-    names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
-    for name in names:
-        if name not in FITTERS:
-            close = difflib.get_close_matches(name, FITTERS, n=1, cutoff=0.4)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown tokenizer {name!r}{hint} (known: {', '.join(FITTERS)})")
-    if not names:
-        raise ValueError("no tokenizers to compare; pass e.g. --tokenizers fast,bin")
-    return names
+def parse_entry(spec: str) -> Entry:
+    """``"bin:n_bins=128"`` -> ``Entry("bin:n_bins=128", "bin", {"n_bins": 128})`` (values read as YAML)."""
+    import yaml
+
+    name, _, rest = spec.strip().partition(":")
+    cls = at.get_tokenizer_class(name)  # a clear error, with a suggestion, for an unknown name
+    known = [f.name for f in fields(cls.Options)]
+    options = {}
+    for item in filter(None, re.split(r",(?![^\[]*\])", rest)):  # commas inside [...] belong to a value
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"{spec!r}: write options as name:option=value,option=value (got {item!r})")
+        check_name(f"{name} option", key.strip(), known)
+        options[key.strip()] = yaml.safe_load(value)
+    return Entry(spec.strip(), name, options)
+
+
+def parse_tokenizers(specs: str | list[str]) -> list[Entry]:
+    specs = specs.split() if isinstance(specs, str) else list(specs)  # entries are separated by spaces
+    if not specs:
+        raise ValueError("no tokenizers to compare; pass e.g. --tokenizers 'fast bin'")
+    return [parse_entry(s) for s in specs]
 
 
 def default_time_horizon(info: data.DatasetInfo, log: Callable[[str], None] = print) -> int:
@@ -96,15 +108,16 @@ def load_split(root: Path, time_horizon: int | None, heldout: float, seed: int, 
             f"time horizon {time_horizon} is longer than every episode (longest {int(info.episode_lengths.max())}); "
             "pass a smaller --time-horizon"
         )
-    train_eps, held_eps = data.split_episodes(root, heldout=heldout, seed=seed)
+    train_eps, held_eps = data.split_episodes(info, heldout=heldout, seed=seed)
     if not held_eps:
         raise ValueError("the held-out share is 0; pass --episodes-heldout between 0 and 1 (e.g. 0.2)")
-    train_raw, _ = data.action_chunks(root, time_horizon, episodes=train_eps)
-    held_raw, _ = data.action_chunks(root, time_horizon, episodes=held_eps)
+    train_raw, _ = data.action_chunks(info, time_horizon, episodes=train_eps)
+    held_raw, _ = data.action_chunks(info, time_horizon, episodes=held_eps)
     normalizer = at.Normalizer.fit(train_raw[:, 0, :], "quantile")  # every training frame's action once
+    normalize = Normalize(None, normalizer)  # the policy pipeline's own step
     return Split(
-        train=normalizer.normalize(train_raw),
-        heldout=normalizer.normalize(held_raw),
+        train=normalize({ACTION: train_raw})[ACTION],
+        heldout=normalize({ACTION: held_raw})[ACTION],
         heldout_raw=held_raw.astype(np.float64),
         normalizer=normalizer,
         time_horizon=time_horizon,
@@ -167,12 +180,14 @@ def measure(tok: at.ActionTokenizer, split: Split, tolerance: float, n_random: i
     ids = tok.encode(held)
     encode_rate = _rate(lambda: tok.encode(held), m)
     decode_rate = _rate(lambda: tok.decode(ids, time_horizon=t, action_dim=d), m)
-    out = tok.decode(ids, time_horizon=t, action_dim=d)
+    # ids -> normalised -> raw chunks through the policy pipeline's output steps
+    out = run([DetokenizeActions(tok, t, d)], {ACTION_IDS: ids})
+    raw = Unnormalize(split.normalizer)(out)[ACTION]
     lengths = np.array([len(r) for r in ids])
-    ok = out.valid  # byte-level FAST can drop a value never seen at fit time: that chunk is NaN, counted apart
-    norm_err = error_stats(out.actions[ok], held[ok])
-    raw_err = error_stats(split.normalizer.unnormalize(out.actions[ok]), split.heldout_raw[ok])
-    worst = np.where(ok, np.abs(out.actions - held).max(axis=(1, 2)), np.inf)  # [M]; an invalid chunk counts as over
+    ok = out["valid"]  # byte-level FAST can drop a value never seen at fit time: that chunk is NaN, counted apart
+    norm_err = error_stats(out[ACTION][ok], held[ok])
+    raw_err = error_stats(raw[ok], split.heldout_raw[ok])
+    worst = np.where(ok, np.abs(np.nan_to_num(out[ACTION]) - held).max(axis=(1, 2)), np.inf)  # [M]; an invalid chunk counts as over
     used = np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in ids]))
 
     # Decodability: random ids of realistic lengths, real ids with one edit, and constrained walks.
@@ -194,7 +209,7 @@ def measure(tok: at.ActionTokenizer, split: Split, tolerance: float, n_random: i
         "encode_chunks_per_s": encode_rate,
         "decode_chunks_per_s": decode_rate,
         "vocab_used": float(len(used) / tok.vocab_size),
-        "valid_rate_heldout": float(out.valid.mean()),
+        "valid_rate_heldout": float(ok.mean()),
         "clipped_rate": tok.encode_stats.clipped_rate,
         "valid_rate_random": float(tok.decode(random_rows, time_horizon=t, action_dim=d).valid.mean()),
         "valid_rate_corrupted": float(corrupted_out.valid.mean()),
@@ -205,18 +220,20 @@ def measure(tok: at.ActionTokenizer, split: Split, tolerance: float, n_random: i
     }
 
 
-def sweep(split: Split, names: list[str], fit_options: dict[str, dict], log=print) -> dict[str, list[dict]]:
+def sweep(split: Split, entries: list[Entry], fit_options: dict[str, dict], log=print) -> dict[str, list[dict]]:
     """Rate-distortion: tokens per chunk against RMSE (normalised units) over each tokenizer's main knob."""
     curves: dict[str, list[dict]] = {}
-    todo = [(n, v) for n in names if n in SWEEPS for v in SWEEPS[n][2]]
-    for name, value in tqdm(todo, desc="sweep"):
-        option, label, _ = SWEEPS[name]
-        tok = FITTERS[name](split.train, **{**fit_options.get(name, {}), option: value})
+    todo = [(e, v) for e in entries if e.name in SWEEPS for v in SWEEPS[e.name][1]]
+    # a spline cannot have more control points than the chunk has steps
+    todo = [(e, v) for e, v in todo if not (e.name == "beast" and v > split.time_horizon)]
+    for entry, value in tqdm(todo, desc="sweep"):
+        option = SWEEPS[entry.name][0]
+        tok = entry.fit(split.train, **{**fit_options.get(entry.name, {}), option: value})
         ids = tok.encode(split.heldout)
         out = tok.decode(ids, time_horizon=split.time_horizon, action_dim=split.heldout.shape[2])
-        curves.setdefault(name, []).append(
+        curves.setdefault(entry.label, []).append(
             {
-                label: value,
+                option: value,
                 "vocab_size": tok.vocab_size,
                 "tokens_per_chunk_mean": float(np.mean([len(r) for r in ids])),
                 "rmse": float(np.sqrt(np.mean((out.actions - split.heldout) ** 2))),
@@ -238,9 +255,11 @@ def compare(
     fit_options: dict[str, dict] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    names = parse_tokenizers(tokenizers)
+    entries = parse_tokenizers(tokenizers)
     fit_options = fit_options or {}
     root, out_dir = Path(root), Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():  # checked before any fitting
+        raise ValueError(f"--out {out_dir} is a file; compare writes a folder (compare.json, compare.md, plots)")
     split = load_split(root, time_horizon, heldout, seed, log)
     t, d = split.time_horizon, split.heldout.shape[2]
     log(f"{len(split.train)} training chunks ({len(split.train_episodes)} episodes), {len(split.heldout)} held-out "
@@ -255,15 +274,15 @@ def compare(
         "heldout_std": float(split.heldout.std()),
         "tokenizers": {},
     }
-    bar = tqdm(names, desc="fit + measure")
-    for name in bar:
-        bar.set_postfix_str(name)
+    bar = tqdm(entries, desc="fit + measure")
+    for entry in bar:
+        bar.set_postfix_str(entry.label)
         start = time.perf_counter()
-        tok = FITTERS[name](split.train, **fit_options.get(name, {}))
+        tok = entry.fit(split.train, **fit_options.get(entry.name, {}))
         fit_s = time.perf_counter() - start
-        results["tokenizers"][name] = {"fit_seconds": fit_s, **measure(tok, split, tolerance, n_random, seed)}
+        results["tokenizers"][entry.label] = {"fit_seconds": fit_s, **measure(tok, split, tolerance, n_random, seed)}
     if do_sweep:
-        results["sweep"] = sweep(split, names, fit_options, log)
+        results["sweep"] = sweep(split, entries, fit_options, log)
     write_outputs(results, out_dir)
     log(markdown_table(results))
     return results
@@ -290,15 +309,16 @@ def markdown_table(results: dict[str, Any]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def write_outputs(results: dict[str, Any], out_dir: Path) -> None:
+def write_outputs(results: dict[str, Any], out_dir: Path, name: str = "compare") -> None:
+    """``<name>.json``, ``<name>.md`` and the three plots into ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    at.base.atomic_write_text(out_dir / "compare.json", json.dumps(results, indent=2) + "\n")
-    at.base.atomic_write_text(out_dir / "compare.md", markdown_table(results))
+    atomic_write_text(out_dir / f"{name}.json", json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out_dir / f"{name}.md", markdown_table(results))
     toks = results["tokenizers"]
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -339,7 +359,10 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare action tokenizers on a dataset", description=__doc__)
     p.add_argument("--root", type=Path, required=True, help="a local LeRobot v3.0 dataset")
     p.add_argument("--out", type=Path, required=True, help="folder for compare.json, compare.md and the plots")
-    p.add_argument("--tokenizers", default=",".join(DEFAULT_TOKENIZERS), help="comma-separated: " + ", ".join(FITTERS))
+    p.add_argument(
+        "--tokenizers", default=" ".join(DEFAULT_TOKENIZERS),
+        help="space-separated entries name[:option=value,...] of " + ", ".join(at.TOKENIZERS) + " (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument("--time-horizon", type=int, default=None, help="T; default one second, capped at the shortest episode")
     p.add_argument("--episodes-heldout", type=float, default=0.2, help="share of episodes held out for measuring")
     p.add_argument("--sweep", action="store_true", help="also sweep FAST scale, bin count and FSQ levels")

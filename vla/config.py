@@ -1,6 +1,12 @@
-"""Experiment configuration: dataclasses parsed by draccus from ``configs/*.yaml`` plus command-line overrides.
+"""The training configuration: one dataclass that holds the policy's (``VLAConfig``) and the tokenizer's, parsed by
+draccus from ``configs/*.yaml`` (short diffs against the defaults) plus command-line overrides.
 
-    vla train --config_path configs/debug.yaml --steps=100 --tokenizer.type=fast --tokenizer.scale=5
+    vla train --config_path configs/debug.yaml --steps=100 --tokenizer.type=fast --tokenizer.scale=5 \\
+        --policy.optimizer_lr=1e-3
+
+The tokenizer choices are made from the tokenizer library's own registry (``action_tokenizers.TOKENIZERS``): each
+tokenizer's ``Options`` dataclass becomes ``--tokenizer.type=<name>`` with the same fields and defaults, so a new
+tokenizer needs no line here.
 
 draccus gotcha: a field of a choice type needs its ``type`` too on the command line (``--tokenizer.type=fast``
 before ``--tokenizer.scale=5``), even when the YAML already chose it.
@@ -8,6 +14,9 @@ before ``--tokenizer.scale=5``), even when the YAML already chose it.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,13 +24,13 @@ import draccus
 import numpy as np
 
 import action_tokenizers as at
-from vla.sequence import STATE_ENCODINGS
+from vla.policy import VLAConfig
 
 
-# --- action tokenizers: one choice registry, one dataclass per tokenizer --------------------------------------
+# --- action tokenizers: one choice per entry of the library's registry -------------------------------------------
 @dataclass
 class TokenizerConfig(draccus.ChoiceRegistry):
-    # Load a tokenizer saved with save_pretrained instead of fitting one (its type must match).
+    # Load a tokenizer saved with save_pretrained (or `vla tokenizer fit`) instead of fitting one; its type must match.
     pretrained_path: str | None = None
 
     @property
@@ -29,7 +38,8 @@ class TokenizerConfig(draccus.ChoiceRegistry):
         return self.get_choice_name(type(self))
 
     def options(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The fit options: every field but ``pretrained_path``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pretrained_path"}
 
     def build(self, chunks: np.ndarray) -> at.ActionTokenizer:
         """Load ``pretrained_path``, or fit on normalised training chunks ``[N, T, D]``."""
@@ -41,100 +51,62 @@ class TokenizerConfig(draccus.ChoiceRegistry):
         return at.get_tokenizer_class(self.type).fit(chunks, **self.options())
 
 
-@TokenizerConfig.register_subclass("fast")
-@dataclass
-class FASTConfig(TokenizerConfig):
-    scale: float = 10.0  # DCT coefficients are multiplied by this before rounding: higher = finer, more tokens
-    vocab_size: int = 1024  # BPE vocabulary size (must cover the coefficient range)
-    byte_level: bool = False  # True: the reference's byte-level BPE (for exact reference ids)
-
-    def options(self) -> dict[str, Any]:
-        return {"scale": self.scale, "vocab_size": self.vocab_size, "byte_level": self.byte_level}
-
-
-@TokenizerConfig.register_subclass("bin")
-@dataclass
-class BinConfig(TokenizerConfig):
-    n_bins: int = 256  # uniform bins over [-1, 1] per value
-
-    def options(self) -> dict[str, Any]:
-        return {"n_bins": self.n_bins}
+def _choice_for(name: str, cls: type[at.ActionTokenizer]) -> type[TokenizerConfig]:
+    """A ``TokenizerConfig`` subclass with the fields of ``cls.Options``, registered as ``name``."""
+    hints = typing.get_type_hints(cls.Options)
+    fields = []
+    for f in dataclasses.fields(cls.Options):
+        default = {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory}
+        fields.append((f.name, hints[f.name], field(metadata=f.metadata, **default)))
+    config_cls = dataclasses.make_dataclass(f"{cls.__name__.removesuffix('Tokenizer')}Config", fields, bases=(TokenizerConfig,))
+    config_cls.__module__ = __name__
+    config_cls.__doc__ = f"Options of ``{cls.__name__}.fit`` (``--tokenizer.type={name}``)."
+    return TokenizerConfig.register_subclass(name)(config_cls)
 
 
-@TokenizerConfig.register_subclass("fsq")
-@dataclass
-class FSQConfig(TokenizerConfig):
-    levels: list[int] = field(default_factory=lambda: [8, 5, 5, 5])  # FSQ levels per latent channel
-    downsample: int = 2  # time steps per token
-    hidden: int = 64  # conv channels
-    depth: int = 2  # extra conv blocks on each side
-    steps: int = 3000  # training steps for the autoencoder
-    seed: int = 0
-
-    def options(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("levels", "downsample", "hidden", "depth", "steps", "seed")}
+TOKENIZER_CONFIGS: dict[str, type[TokenizerConfig]] = {name: _choice_for(name, cls) for name, cls in at.TOKENIZERS.items()}
 
 
-# --- the policy and the run -----------------------------------------------------------------------------------
-@dataclass
-class PolicyOptions:
-    preset: str = "tiny"  # model size: tiny (CPU), small, paligemma-3b
-    time_horizon: int = 10  # T: actions per chunk
-    n_action_steps: int = 10  # actions executed from each chunk before predicting again (<= time_horizon)
-    image_keys: list[str] = field(default_factory=list)  # cameras to use; empty = state and task only
-    image_size: int | None = None  # pixels (square) fed to the vision tower; None = the preset's
-    state_encoding: str = "text"  # "text" (pi0-FAST: integers in the prompt) or "embedding" (an MLP's prefix embeddings)
-    temperature: float = 0.0  # 0 = greedy decoding
-    constrained: bool = True  # mask logits with the tokenizer's constraint while decoding
-    backbone_path: str | None = None  # a local PaliGemma checkpoint folder for the paligemma-3b preset
+def tokenizer_config(name: str, **options: Any) -> TokenizerConfig:
+    """The tokenizer choice ``name`` with ``options`` set, e.g. ``tokenizer_config("bin", n_bins=64)``."""
+    return TOKENIZER_CONFIGS[at.get_tokenizer_class(name).name](**options)
 
 
+# --- the run -------------------------------------------------------------------------------------------------------
 @dataclass
 class TrainConfig:
     dataset_root: str = "outputs/datasets/metaworld_push-v3"  # a local LeRobot v3.0 dataset
     output_dir: str = "outputs/train/default"  # checkpoints, metrics.jsonl, loss.png, the final policy
-    tokenizer: TokenizerConfig = field(default_factory=FASTConfig)
-    policy: PolicyOptions = field(default_factory=PolicyOptions)
+    tokenizer: TokenizerConfig = field(default_factory=lambda: tokenizer_config("fast"))
+    # The policy, its optimiser and schedule (VLAConfig's fields: --policy.time_horizon=..., --policy.optimizer_lr=...).
+    policy: VLAConfig = field(default_factory=VLAConfig)
     heldout_episodes: float = 0.0  # share of episodes kept out of training (and out of tokenizer fitting)
-    steps: int = 2000  # optimiser steps
+    steps: int = 3000  # optimiser steps
     batch_size: int = 32  # samples per step, over all processes
-    lr: float = 1e-3  # peak learning rate (after warm-up)
-    warmup_steps: int = 100  # linear warm-up, then cosine decay to lr * min_lr_ratio
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas (the FAST paper's)
-    grad_clip: float = 1.0  # max gradient norm
     ema_decay: float = 0.999  # EMA of the weights; 0 turns it off. The final policy uses the EMA weights.
     save_every: int = 500  # checkpoint every this many steps (and at the end)
-    log_every: int = 10  # steps between metrics lines
-    num_workers: int = 0  # DataLoader workers
+    keep_last: int = 3  # checkpoints kept (the newest); 0 keeps all
+    log_every: int = 30  # steps between metrics lines (the only steps that wait for the device)
+    num_workers: int = 0  # DataLoader workers: tokenising and packing run in them (0 = in the main process)
     mixed_precision: str = "auto"  # auto (bf16 on GPU, none on CPU), no, bf16, fp16
     seed: int = 0
-    resume: bool = False  # continue from the last checkpoint in output_dir
+    resume: bool = False  # continue from the last checkpoint in output_dir (with the run's own settings)
+    overwrite: bool = False  # start fresh in an output_dir that holds a run, deleting that run
     progress: bool = True  # show a progress bar
 
     def __post_init__(self) -> None:
         checks = [
             (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (0 <= self.warmup_steps, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
             (0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1), got {self.ema_decay}; use 0 to turn EMA off"),
             (self.save_every >= 1, f"save_every must be >= 1, got {self.save_every}"),
+            (self.keep_last >= 0, f"keep_last must be >= 0 (0 keeps every checkpoint), got {self.keep_last}"),
+            (self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}"),
+            (self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers}"),
             (0 <= self.heldout_episodes < 1, f"heldout_episodes is a share in [0, 1), got {self.heldout_episodes}"),
-            (len(self.betas) == 2, f"betas must be two numbers, got {self.betas}"),
             (
                 self.mixed_precision in ("auto", "no", "bf16", "fp16"),
                 f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}",
-            ),
-            (
-                self.policy.state_encoding in STATE_ENCODINGS,
-                f"policy.state_encoding must be one of {', '.join(STATE_ENCODINGS)}, got {self.policy.state_encoding!r}",
-            ),
-            (
-                1 <= self.policy.n_action_steps <= self.policy.time_horizon,
-                f"policy.n_action_steps must be in [1, time_horizon={self.policy.time_horizon}], "
-                f"got {self.policy.n_action_steps}",
             ),
         ]
         for ok, message in checks:
@@ -143,5 +115,18 @@ class TrainConfig:
 
 
 def load_config(config_path: str | None = None, args: list[str] | None = None) -> TrainConfig:
-    """Parse a YAML file (a short diff against the defaults) plus ``--key=value`` overrides."""
-    return draccus.parse(TrainConfig, config_path=config_path, args=args or [])
+    """Parse a YAML file (a short diff against the defaults) plus ``--key=value`` overrides (``--config_path``
+    among them is read by draccus). A bad value is one ``ValueError`` naming it and the fix, not draccus' traceback."""
+    args = list(args or [])
+    named = [a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+             for i, a in enumerate(args) if a.split("=", 1)[0] == "--config_path"]  # fmt: skip
+    for path in ([config_path] if config_path is not None else []) + named:
+        if not Path(path).is_file():
+            raise ValueError(f"no config file {path!r}; pass one of configs/*.yaml or your own YAML file")
+    try:
+        return draccus.parse(TrainConfig, config_path=config_path, args=args)
+    except draccus.utils.ParsingError as err:
+        cause: BaseException = err
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__
+        raise ValueError(f"{cause}" if isinstance(cause, ValueError) else f"the config does not parse: {err}") from None

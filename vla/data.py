@@ -7,7 +7,7 @@ Everything reads a local dataset folder (``root``, the one holding ``meta/`` and
     chunks, is_pad = action_chunks(root, 15)       # float32 [N, 15, D], bool [N, 15]: no images decoded
     train_eps, heldout_eps = split_episodes(root, heldout=0.2, seed=0)
     stats = frame_stats(root, ["action"], episodes=train_eps)   # exact quantiles, from the frames themselves
-    ds = ActionChunkDataset(root, 15, episodes=train_eps)   # torch Dataset of samples (below)
+    ds = vla.dataset.ActionChunkDataset(info, 15, episodes=train_eps)   # torch Dataset of samples
 
 The sample contract (one frame, unbatched; a DataLoader adds the batch dimension):
 
@@ -19,23 +19,24 @@ The sample contract (one frame, unbatched; a DataLoader adds the batch dimension
 
 Past an episode's end, LeRobot (``delta_timestamps``) repeats the episode's last action and flags it in
 ``action_is_pad``; ``action_chunks`` does exactly the same, so both paths give identical chunks.
-Only ``open_dataset`` (and ``ActionChunkDataset``'s default backend) imports LeRobot, a ~12 s import on
-a 2-core machine; the rest reads parquet with pyarrow.
+Every function takes a dataset folder or the ``DatasetInfo`` read from it (``meta/`` read once). This module
+reads parquet with pyarrow; ``vla.dataset`` serves samples (through LeRobot when images are needed).
 """
 
 from __future__ import annotations
 
-import difflib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
-ACTION = "action"
-STATE = "observation.state"
-IMAGE_PREFIX = "observation.images."
+from vla.io import read_json
+from vla.names import suggestion
+
+STATE = OBS_STATE
+IMAGE_PREFIX = OBS_IMAGES + "."
 CODEBASE_VERSION = "v3.0"
 RECORDING_FILE = "meta/recording.json"  # written by vla.sim.record, absent elsewhere
 _NUMERIC_DTYPES = {
@@ -93,6 +94,11 @@ class DatasetInfo:
         return "\n".join(lines)
 
 
+def as_info(source: str | Path | DatasetInfo) -> DatasetInfo:
+    """A ``DatasetInfo`` as it is, or read from a dataset folder: pass one around to read ``meta/`` once."""
+    return source if isinstance(source, DatasetInfo) else dataset_info(source)
+
+
 def dataset_info(root: str | Path) -> DatasetInfo:
     """Read ``meta/info.json``, the episode table and the tasks; check the dataset is usable.
 
@@ -100,7 +106,7 @@ def dataset_info(root: str | Path) -> DatasetInfo:
     feature, or a non-numeric ``action``/``observation.state``.
     """
     root = _check_root(root)
-    info = json.loads((root / "meta" / "info.json").read_text())
+    info = read_json(root / "meta" / "info.json", "dataset info")
     version = info.get("codebase_version")
     if version != CODEBASE_VERSION:
         raise ValueError(
@@ -112,7 +118,6 @@ def dataset_info(root: str | Path) -> DatasetInfo:
     _check_numeric(root, features, STATE, required=False)
 
     episodes = _read_episode_table(root)
-    recording_path = root / RECORDING_FILE
     return DatasetInfo(
         root=root,
         fps=int(info["fps"]),
@@ -125,7 +130,7 @@ def dataset_info(root: str | Path) -> DatasetInfo:
         action_names=_flat_names(features[ACTION].get("names")),
         tasks=_read_tasks(root),
         robot_type=info.get("robot_type"),
-        recording=json.loads(recording_path.read_text()) if recording_path.is_file() else None,
+        recording=read_json(root / RECORDING_FILE, "recording") if (root / RECORDING_FILE).is_file() else None,
     )
 
 
@@ -145,19 +150,19 @@ def load_stats(root: str | Path) -> dict[str, dict[str, np.ndarray]]:
             f"{path} is missing; LeRobot writes it when a recording is finalised. Recompute it with "
             "lerobot's compute_stats, or normalise with stats you fit yourself."
         )
-    raw = json.loads(path.read_text())
+    raw = read_json(path, "dataset stats")
     return {feature: {name: np.asarray(v) for name, v in stats.items()} for feature, stats in raw.items()}
 
 
 def frame_stats(
-    root: str | Path, features: list[str], episodes: list[int] | None = None
+    root: str | Path | DatasetInfo, features: list[str], episodes: list[int] | None = None
 ) -> dict[str, dict[str, np.ndarray]]:
     """Exact statistics of vector features over the chosen episodes' frames (all when None), in
     ``load_stats``' layout: ``{feature: {"min", "max", "mean", "std", "q01", "q99", "count"}}``.
 
     Reads only those columns (no images): a million 39-D states are ~160 MB for the moment it takes.
     """
-    info = dataset_info(root)
+    info = as_info(root)
     missing = [f for f in features if f not in info.features]
     if missing:
         raise ValueError(f"{info.root} has no feature {', '.join(map(repr, missing))} (it has {sorted(info.features)})")
@@ -165,6 +170,9 @@ def frame_stats(
     if not chosen:
         raise ValueError("frame_stats needs at least one episode")
     frames = _read_frames(info, chosen, list(features))
+    for name, problem in nonfinite(frames, list(features)).items():
+        raise ValueError(f"{info.root}: '{name}' holds NaN or inf: {problem}. Fix or drop those frames (or the "
+                         "episode) in the dataset; training cannot normalise them")  # fmt: skip
     stats = {}
     for name in features:
         x = frames[name].astype(np.float64)
@@ -175,14 +183,35 @@ def frame_stats(
     return stats
 
 
-def split_episodes(root: str | Path, heldout: float = 0.2, seed: int = 0) -> tuple[list[int], list[int]]:
+def nonfinite(frames: dict[str, np.ndarray], features: list[str]) -> dict[str, str]:
+    """Per feature holding NaN or inf (of frames ``_read_frames`` read): how many values, and where the first is."""
+    out = {}
+    for name in features:
+        bad = ~np.isfinite(frames[name].astype(np.float64))
+        if bad.any():
+            row = int(np.flatnonzero(bad.any(axis=1))[0])
+            out[name] = (f"{int(bad.sum())} values in {int(bad.any(axis=1).sum())} frames, the first in episode "
+                         f"{int(frames['episode_index'][row])} at frame {int(frames['frame_in_episode'][row])}")  # fmt: skip
+    return out
+
+
+def check_values(root: str | Path | DatasetInfo) -> dict[str, str]:
+    """NaN/inf in the dataset's action and state, by feature (empty when clean): what ``vla data info`` reports."""
+    info = as_info(root)
+    features = [f for f in (ACTION, STATE) if f in info.features]
+    return nonfinite(_read_frames(info, info.episode_index.tolist(), features), features)
+
+
+def split_episodes(
+    root: str | Path | DatasetInfo, heldout: float = 0.2, seed: int = 0
+) -> tuple[list[int], list[int]]:
     """Split the episodes into (train, held-out) lists, seeded; at least one of each when ``heldout > 0``.
 
     ``heldout`` is the held-out fraction in [0, 1). Both lists are sorted episode indices.
     """
     if not 0.0 <= heldout < 1.0:
         raise ValueError(f"heldout is a fraction in [0, 1), got {heldout}")
-    episodes = dataset_info(root).episode_index
+    episodes = as_info(root).episode_index
     if heldout == 0.0:
         return sorted(episodes.tolist()), []
     if len(episodes) < 2:
@@ -196,7 +225,7 @@ def split_episodes(root: str | Path, heldout: float = 0.2, seed: int = 0) -> tup
 
 
 def action_chunks(
-    root: str | Path,
+    root: str | Path | DatasetInfo,
     time_horizon: int,
     *,
     episodes: list[int] | None = None,
@@ -210,7 +239,7 @@ def action_chunks(
     ``ActionChunkDataset`` gives sample by sample. With ``stride=1`` and the same ``episodes``, chunk
     ``i`` belongs to sample ``i``.
     """
-    info = dataset_info(root)
+    info = as_info(root)
     selected = _check_episodes(info, episodes)
     _check_time_horizon(info, time_horizon, selected)
     if stride < 1:
@@ -228,135 +257,6 @@ def _chunks_at(
     last = frames["episode_end"][rows][:, None] - 1  # [N, 1] the episode's last position
     chunks = frames[ACTION][np.minimum(wanted, last)]  # [N, T, D]: past the end, the last action again
     return chunks.astype(np.float32, copy=False), wanted > last
-
-
-# -- samples through LeRobot -----------------------------------------------------------------------
-
-
-def open_dataset(
-    root: str | Path,
-    time_horizon: int,
-    *,
-    episodes: list[int] | None = None,
-    image_keys: list[str] | None = None,
-):
-    """A ``LeRobotDataset`` over ``root`` whose ``action`` is the chunk of ``time_horizon`` steps.
-
-    Each item holds LeRobot's keys, ``action`` [T, D] and ``action_is_pad`` [T] (``delta_timestamps``).
-    ``image_keys`` chooses the cameras decoded and returned (None: all; ``[]``: none, for state-only
-    training on a dataset with cameras); the others are dropped from this object's metadata, never from
-    the files.
-    """
-    info = dataset_info(root)
-    selected = _check_episodes(info, episodes)
-    _check_time_horizon(info, time_horizon, selected)
-    keep = _check_image_keys(info, image_keys)
-
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # slow import: only when sampling
-
-    videos = [k for k in info.camera_keys if info.features[k]["dtype"] == "video"]
-    missing = [k for k in videos if not any((info.root / "videos" / k).glob("*/*.mp4"))]
-    if missing:  # LeRobot would try to download them
-        raise ValueError(
-            f"{info.root} declares video features {missing} but holds no video files for them, and LeRobot "
-            "opens a dataset only with all its videos. Without images, action_chunks() and "
-            "ActionChunkDataset(..., image_keys=[], backend='memory') read actions and state."
-        )
-    dropped = [k for k in info.camera_keys if k not in keep]
-    dataset = LeRobotDataset(
-        repo_id=f"local/{info.root.name}",  # never contacted: root holds the files
-        root=info.root,
-        episodes=None if episodes is None else selected,
-        delta_timestamps={ACTION: [k / info.fps for k in range(time_horizon)]},
-        # With no video to decode, naming a backend skips LeRobot's probe of torchcodec (which prints
-        # a traceback where FFmpeg's shared libraries are missing).
-        video_backend=None if any(k in keep for k in videos) else "pyav",
-    )
-    # LeRobot decodes every camera it knows of. Cameras stored as images live in the parquet rows: drop
-    # their columns. For every dropped camera, forget its feature (in memory) so no video is decoded.
-    images_dropped = [k for k in dropped if k not in videos]
-    if images_dropped:
-        dataset.reader.hf_dataset = dataset.reader.hf_dataset.remove_columns(images_dropped)
-    for key in dropped:
-        del dataset.meta.info.features[key]
-    return dataset
-
-
-class ActionChunkDataset:
-    """Samples with action chunks (the contract in this module's docstring); a map-style torch Dataset.
-
-    ``backend="lerobot"`` (default) reads through ``open_dataset``: LeRobot does the reading, clamping and
-    padding (and decodes images); this class only renames and converts types. ``backend="memory"`` holds
-    state, actions and tasks as arrays and builds the same samples with no per-sample I/O (23 us against
-    3.7 ms a sample on a 2-core machine); it serves no images, so it needs ``image_keys=[]`` or a dataset without cameras.
-    Both need ``observation.state``; the tests check they give identical samples.
-    """
-
-    def __init__(
-        self,
-        root: str | Path,
-        time_horizon: int,
-        *,
-        episodes: list[int] | None = None,
-        image_keys: list[str] | None = None,
-        backend: str = "lerobot",
-    ):
-        self.info = dataset_info(root)
-        if self.info.state_dim is None:
-            raise ValueError(
-                f"{self.info.root} has no '{STATE}' feature (it has {sorted(self.info.features)}); "
-                "the policy's prefix needs the robot state"
-            )
-        self.time_horizon = time_horizon
-        self.image_keys = _check_image_keys(self.info, image_keys)
-        self.backend = backend
-        if backend == "lerobot":
-            self.lerobot = open_dataset(root, time_horizon, episodes=episodes, image_keys=self.image_keys)
-            self._length = len(self.lerobot)
-        elif backend == "memory":
-            if self.image_keys:
-                raise ValueError(
-                    f"backend='memory' serves no images; pass image_keys=[] (cameras: {self.image_keys}) "
-                    "or use backend='lerobot'"
-                )
-            selected = _check_episodes(self.info, episodes)
-            _check_time_horizon(self.info, time_horizon, selected)
-            self._frames = _read_frames(self.info, selected, [STATE, ACTION])
-            self._length = len(self._frames["index"])
-        else:
-            raise ValueError(f"backend must be 'lerobot' or 'memory', got {backend!r}")
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        if self.backend == "memory":
-            return self._memory_sample(int(i))
-        item = self.lerobot[i]
-        sample = {
-            STATE: item[STATE].float().reshape(-1),  # [S]
-            "task": item["task"],
-            ACTION: item[ACTION].float(),  # [T, D]
-            f"{ACTION}_is_pad": item[f"{ACTION}_is_pad"].bool(),  # [T]
-        }
-        for key in self.image_keys:
-            sample[key] = item[key].float()  # [3, H, W] in [0, 1]
-        return sample
-
-    def _memory_sample(self, i: int) -> dict[str, Any]:
-        import torch
-
-        if not -self._length <= i < self._length:
-            raise IndexError(f"index {i} out of range for {self._length} samples")
-        i %= self._length
-        chunk, is_pad = _chunks_at(self._frames, np.array([i]), self.time_horizon)
-        task_index = self._frames.get("task_index")
-        return {
-            STATE: torch.from_numpy(self._frames[STATE][i].astype(np.float32)),  # [S]
-            "task": self.info.tasks[int(task_index[i])] if task_index is not None else "",
-            ACTION: torch.from_numpy(chunk[0]),  # [T, D]
-            f"{ACTION}_is_pad": torch.from_numpy(is_pad[0]),  # [T]
-        }
 
 
 # -- checks and readers ----------------------------------------------------------------------------
@@ -424,9 +324,10 @@ def _check_image_keys(info: DatasetInfo, image_keys: list[str] | None) -> list[s
     keys = list(image_keys)
     for key in keys:
         if key not in info.camera_keys:
-            close = difflib.get_close_matches(key, info.camera_keys, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{key!r} is not a camera of {info.root} (cameras: {info.camera_keys}).{hint}")
+            raise ValueError(
+                f"{key!r} is not a camera of {info.root}{suggestion(key, info.camera_keys)} "
+                f"(cameras present: {', '.join(info.camera_keys) or 'none'})"
+            )
     return keys
 
 

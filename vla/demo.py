@@ -1,11 +1,13 @@
 """``vla demo`` (what ``make demo`` runs): the whole pipeline on the embedded default, once per tokenizer.
 
-    record push-v3 demonstrations (if missing) -> for FAST, binning and FSQ: fit the tokenizer on the training
-    episodes, train a tiny policy with the same budget, evaluate it in closed loop on evaluation seeds
+    record push-v3 demonstrations (if missing) -> for each of configs/{fast,bin,fsq}.yaml: fit the tokenizer on the
+    training episodes, train a tiny policy with that config's budget, evaluate it in closed loop on evaluation seeds
     -> one table (tokenizer, tokens per chunk, training time, final loss, success rate, latency)
 
-Writes ``demo.json``, ``demo.md`` and ``demo.png`` to the output folder. ``--quick`` shrinks every stage to a
-few minutes in all (a small dataset, a few steps, a few episodes): a smoke test, not a result.
+The runs are the files in ``configs/`` (``vla train --config_path configs/fast.yaml`` trains the same policy), with
+only the dataset and the output folder set here. Writes ``demo.json``, ``demo.md`` and ``demo.png`` to the output
+folder. ``--quick`` shrinks every stage to a few minutes in all (a small dataset, a few steps, a few episodes): a
+smoke test, not a result.
 """
 
 from __future__ import annotations
@@ -13,34 +15,28 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from action_tokenizers.base import atomic_write_text
 from vla import evaluate, train
-from vla.config import BinConfig, FASTConfig, FSQConfig, PolicyOptions, TokenizerConfig, TrainConfig
+from vla.config import load_config
+from vla.io import atomic_write_text
 from vla.sim import record
+
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass
 class DemoConfig:
     out_dir: Path = Path("outputs/demo")  # runs, demo.json, demo.md, demo.png
     dataset_root: Path = record.DEFAULT_DATASET_ROOT  # recorded here when missing
-    task: str = record.DEFAULT_TASK
+    env: str = record.DEFAULT_ENV
     record_episodes: int = record.DEFAULT_EPISODES
     record_action_noise: float = record.DEFAULT_ACTION_NOISE  # DART noise of the recording (vla.sim.record)
-    tokenizers: dict[str, TokenizerConfig] = field(
-        default_factory=lambda: {"fast": FASTConfig(), "bin": BinConfig(), "fsq": FSQConfig()}
-    )
-    # The state as prefix embeddings, not pi0-FAST's text: a model trained from scratch in minutes learns far
-    # faster from it (README, "Training and the demo").
-    policy: PolicyOptions = field(
-        default_factory=lambda: PolicyOptions(time_horizon=10, n_action_steps=5, state_encoding="embedding")
-    )
-    steps: int = 3000  # training steps per tokenizer (the same budget for each)
-    batch_size: int = 32
-    lr: float = 3e-3
+    configs: list[str] = field(default_factory=lambda: ["fast", "bin", "fsq"])  # configs/<name>.yaml, one run each
+    overrides: list[str] = field(default_factory=list)  # draccus overrides for every run (--quick shrinks them)
+    run_overrides: dict[str, list[str]] = field(default_factory=dict)  # ... and for one config's run
     eval_episodes: int = 50
     eval_envs: int = 25  # episodes run at once (their chunks decoded as one batch)
     max_steps: int = 150  # per evaluation episode: twice the longest expert episode (75 steps)
@@ -51,45 +47,42 @@ class DemoConfig:
             out_dir=out_dir,
             dataset_root=out_dir / "dataset",
             record_episodes=6,
-            tokenizers={"fast": FASTConfig(), "bin": BinConfig(), "fsq": FSQConfig(steps=50, hidden=16, depth=0)},
-            steps=20,
-            batch_size=8,
+            overrides=["--steps=20", "--batch_size=8", "--log_every=5", "--policy.scheduler_warmup_steps=2"],
+            run_overrides={"fsq": ["--tokenizer.type=fsq", "--tokenizer.steps=50", "--tokenizer.hidden=16"]},
             eval_episodes=2,
             max_steps=60,
         )
 
+    def train_config(self, name: str):
+        """The run of ``configs/<name>.yaml`` on this demo's dataset, into this demo's folder."""
+        path = CONFIGS_DIR / f"{name}.yaml"
+        if not path.is_file():
+            raise ValueError(f"no config {path}; the demo runs the files in {CONFIGS_DIR} (e.g. fast, bin, fsq)")
+        args = [f"--dataset_root={self.dataset_root}", f"--output_dir={self.out_dir / 'runs' / name}", "--overwrite=true",
+                *self.overrides, *self.run_overrides.get(name, [])]  # fmt: skip
+        cfg = load_config(str(path), args)
+        cfg.save_every = cfg.steps
+        return cfg
+
 
 def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
-    record.ensure_dataset(
-        cfg.dataset_root, cfg.task, cfg.record_episodes, action_noise=cfg.record_action_noise, log=log
-    )  # fmt: skip
-    rows = {}
-    for name, tok_cfg in cfg.tokenizers.items():
-        log(f"== {name}: fit tokenizer, train {cfg.steps} steps, evaluate {cfg.eval_episodes} episodes")
-        run_dir = cfg.out_dir / "runs" / name
+    record.ensure_dataset(cfg.dataset_root, cfg.env, cfg.record_episodes, action_noise=cfg.record_action_noise, log=log)
+    rows, run_cfg = {}, None
+    for name in cfg.configs:
+        run_cfg = cfg.train_config(name)
+        tok_name = run_cfg.tokenizer.type
+        log(f"== {name}: fit {tok_name}, train {run_cfg.steps} steps, evaluate {cfg.eval_episodes} episodes")
         start = time.perf_counter()
-        summary = train.main(
-            TrainConfig(
-                dataset_root=str(cfg.dataset_root),
-                output_dir=str(run_dir),
-                tokenizer=tok_cfg,
-                policy=replace(cfg.policy),
-                steps=cfg.steps,
-                batch_size=cfg.batch_size,
-                lr=cfg.lr,
-                warmup_steps=min(100, cfg.steps // 10),
-                save_every=cfg.steps,
-                log_every=max(1, cfg.steps // 100),
-            )
-        )
+        summary = train.main(run_cfg)
         train_s = time.perf_counter() - start  # tokenizer fit + training
         start = time.perf_counter()
         report = evaluate.evaluate(
-            summary["policy_path"], cfg.task, cfg.eval_episodes, max_steps=cfg.max_steps, num_envs=cfg.eval_envs,
-            out_dir=run_dir / "eval",
+            summary["policy_path"], cfg.env, cfg.eval_episodes, max_steps=cfg.max_steps, num_envs=cfg.eval_envs,
+            out_dir=Path(run_cfg.output_dir) / "eval",
         )  # fmt: skip
         eval_s = time.perf_counter() - start
-        rows[name] = {
+        rows[tok_name] = {
+            "config": f"configs/{name}.yaml",
             "tokens_per_chunk": report["tokens_per_chunk"],
             "train_seconds": train_s,
             "eval_seconds": eval_s,
@@ -102,18 +95,19 @@ def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
             "latency_ms_p95": report["latency_ms_p95"],
             "valid_chunk_rate": report["valid_chunk_rate"],
         }
-        log(f"   {name}: success {report['success_rate']:.0%}, final loss {summary['final_loss']:.3f}")
+        log(f"   {tok_name}: success {report['success_rate']:.0%}, final loss {summary['final_loss']:.3f}")
+    policy = run_cfg.policy
     result = {
-        "task": cfg.task,
+        "task": cfg.env,
         "dataset": str(cfg.dataset_root),
         "record_action_noise": cfg.record_action_noise,
-        "steps": cfg.steps,
-        "batch_size": cfg.batch_size,
-        "preset": cfg.policy.preset,
-        "lr": cfg.lr,
-        "state_encoding": cfg.policy.state_encoding,
-        "time_horizon": cfg.policy.time_horizon,
-        "n_action_steps": cfg.policy.n_action_steps,
+        "steps": run_cfg.steps,
+        "batch_size": run_cfg.batch_size,
+        "preset": policy.preset,
+        "lr": policy.optimizer_lr,
+        "state_encoding": policy.state_encoding,
+        "time_horizon": policy.time_horizon,
+        "n_action_steps": policy.n_action_steps,
         "tokenizers": rows,
     }
     write_outputs(result, cfg.out_dir)
@@ -173,7 +167,7 @@ def add_cli(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     cfg = DemoConfig.quick(args.out) if args.quick else DemoConfig(out_dir=args.out)
     if args.steps is not None:
-        cfg.steps = args.steps
+        cfg.overrides.append(f"--steps={args.steps}")
     if args.episodes is not None:
         cfg.eval_episodes = args.episodes
     run_demo(cfg)

@@ -2,6 +2,9 @@
 
     vla eval --policy outputs/train/debug/policy --env metaworld --task push-v3 --episodes 50 [--gif N]
 
+Any simulator of ``vla.sim`` (``--env FAMILY --task TASK``); episodes run in lockstep on ``--num-envs`` envs and
+their chunks are decoded as one batch.
+
 Evaluation seeds start at ``EVAL_SEED_START``; recordings for training never use them. Reports the success
 rate, mean return and episode length, latency per predicted chunk (mean, p95) and the share of chunks whose ids
 decoded validly, as JSON (and an optional GIF of the first episodes when the policy uses a camera).
@@ -18,12 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from action_tokenizers.base import atomic_write_text
+from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
-from vla.sim.metaworld_env import EVAL_SEED_START, MetaWorldEnv
+from vla.sim import EVAL_SEED_START, make_env
 from vla.sim.rollout import run_episodes, summarize
-
-ENVS = ("metaworld",)
 
 
 LATENCY_SAMPLES = 20  # observations re-run one at a time after the rollouts, for the batch-of-one latency
@@ -78,18 +79,16 @@ class ChunkPolicy:
             times.append((time.perf_counter() - start) * 1000)
         return np.asarray(times)
 
-    def reset(self) -> None:
-        self.policy.reset()
 
 
 def evaluate(
     policy: VLAPolicy | str | Path,
-    task: str,
+    env_name: str,
     episodes: int,
     *,
     seed_start: int = EVAL_SEED_START,
     n_action_steps: int | None = None,
-    max_steps: int = 500,
+    max_steps: int | None = None,
     num_envs: int = 10,
     gif_episodes: int = 0,
     out_dir: str | Path | None = None,
@@ -107,32 +106,37 @@ def evaluate(
             raise ValueError(f"no policy at {path}; pass the folder a training run wrote (e.g. outputs/train/NAME/policy)")
         policy = VLAPolicy.from_pretrained(path)
     config = policy.config
+    if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
+        raise ValueError(f"n_action_steps {n_action_steps} is outside the policy's chunk: use 1..{config.time_horizon} "
+                         f"(time_horizon), or leave it unset for the policy's {config.n_action_steps}")  # fmt: skip
+    if gif_episodes and not config.image_keys:
+        raise ValueError("--gif draws the policy's camera, and this policy has none (state only); drop --gif")
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"--out {out_dir} is a file; eval writes a folder (eval_info.json, rollouts.gif): pass a folder")
     if seed_start < EVAL_SEED_START:
         raise ValueError(f"evaluation seeds start at {EVAL_SEED_START}; {seed_start} could overlap training seeds")
     image_keys = list(config.image_keys)
-    cameras = [k.removeprefix("observation.images.") for k in image_keys]
-    if len(cameras) > 1:
-        raise ValueError(f"the Meta-World evaluator renders one camera; the policy uses {image_keys}")
-    steps = n_action_steps or config.n_action_steps
+    steps = config.n_action_steps if n_action_steps is None else n_action_steps
     runner = ChunkPolicy(policy)
     frames: dict[int, list[np.ndarray]] = {}
-    record_frames = gif_episodes > 0 and bool(cameras)
-    env_kwargs = {"image_size": config.image_size, "camera": cameras[0]} if cameras else {}
+    record_frames = gif_episodes > 0 and bool(image_keys)
     seeds = range(seed_start, seed_start + episodes)
-    envs = [MetaWorldEnv(task, max_steps=max_steps, **env_kwargs) for _ in range(min(num_envs, episodes))]
+    size = config.image_size or policy.model.image_size
+    envs = [make_env(env_name, image_keys=image_keys, image_size=size, max_steps=max_steps)
+            for _ in range(min(num_envs, episodes))]  # fmt: skip
     on_step = None
     if record_frames:
 
         def on_step(k: int, obs: dict[str, Any], action: np.ndarray) -> None:
             if k < gif_episodes:
-                image = obs[f"observation.images.{cameras[0]}"]  # [3, H, W] in [0, 1]
+                image = obs[image_keys[0]]  # [3, H, W] in [0, 1]
                 frames.setdefault(k, []).append((np.asarray(image).transpose(1, 2, 0) * 255).round().astype(np.uint8))
 
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=episodes, desc=f"eval {task}", unit="ep")
+        bar = tqdm(total=episodes, desc=f"eval {env_name}", unit="ep")
     try:
         results = run_episodes(envs, runner, seeds, n_action_steps=steps, on_step=on_step,
                                on_episode=(lambda r: bar.update(1)) if bar else None)  # fmt: skip
@@ -145,7 +149,7 @@ def evaluate(
     single = runner.single_latencies()
     batch_lat = np.asarray(runner.batch_latencies_ms)
     report.update(
-        task=task,
+        env=env_name,
         seed_start=seed_start,
         n_action_steps=steps,
         num_envs=len(envs),
@@ -171,11 +175,12 @@ def evaluate(
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("eval", help="closed-loop evaluation of a trained policy", description=__doc__)
     p.add_argument("--policy", type=Path, required=True, help="a policy folder (outputs/train/NAME/policy)")
-    p.add_argument("--env", default="metaworld", choices=ENVS)
-    p.add_argument("--task", default="push-v3")
+    p.add_argument("--env", default="metaworld", help="simulator family (default: %(default)s)")
+    p.add_argument("--task", default="push-v3", help="the family's task (default: %(default)s)")
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--seed-start", type=int, default=EVAL_SEED_START)
     p.add_argument("--n-action-steps", type=int, default=None, help="actions run per chunk (default: the policy's)")
+    p.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the simulator's)")
     p.add_argument("--num-envs", type=int, default=10, help="episodes run at once, their chunks decoded as one batch")
     p.add_argument("--gif", type=int, default=0, help="save a GIF of this many episodes (policies with a camera)")
     p.add_argument("--out", type=Path, default=None, help="folder for eval_info.json (default: beside the policy)")
@@ -185,8 +190,9 @@ def add_cli(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     out = args.out or args.policy.parent / f"eval_{args.task}"
     report = evaluate(
-        args.policy, args.task, args.episodes, seed_start=args.seed_start,
-        n_action_steps=args.n_action_steps, num_envs=args.num_envs, gif_episodes=args.gif, out_dir=out,
+        args.policy, f"{args.env}/{args.task}", args.episodes, seed_start=args.seed_start,
+        n_action_steps=args.n_action_steps, max_steps=args.max_steps, num_envs=args.num_envs, gif_episodes=args.gif,
+        out_dir=out,
     )  # fmt: skip
     print(
         f"{args.task}: success {report['success_rate']:.1%} over {report['episodes']} episodes, "

@@ -2,7 +2,7 @@
 
 Two verbs:
     loss, metrics = model.loss(seq, images)          # cross-entropy on the suffix (the action segment) only
-    gen = model.generate(prompt, images, vocab=..., constraint=...)   # see vla.decode
+    gen = vla.decode.generate(model, prompt, images=images, vocab=..., constraint=...)
 
 Sizes come from named presets (``PRESETS``): ``tiny`` trains on a laptop CPU, ``small`` is a ~50M model for a GPU,
 ``paligemma-3b`` is the real shape (Gemma 2B + SigLIP So400m/14 at 224 px) and loads weights from a local copy of
@@ -17,8 +17,6 @@ the same code path serves training, prefill and cached decoding, and padding nev
 
 from __future__ import annotations
 
-import difflib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
+from .names import check_name
 from .sequence import Sequence, VocabMap
 
 
@@ -68,11 +67,7 @@ PRESETS: dict[str, ModelPreset] = {
 def get_preset(preset: str | ModelPreset) -> ModelPreset:
     if isinstance(preset, ModelPreset):
         return preset
-    if preset not in PRESETS:
-        close = difflib.get_close_matches(str(preset), PRESETS, n=1, cutoff=0.4)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown model preset {preset!r}{hint} (known: {', '.join(PRESETS)})")
-    return PRESETS[preset]
+    return PRESETS[check_name("model preset", preset, PRESETS)]
 
 
 def paligemma_config(
@@ -311,7 +306,8 @@ class PrefixLM(nn.Module):
     def loss(self, seq: Sequence, images: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Next-token cross-entropy on the suffix only; logits are computed at those positions only.
 
-        Metrics: ``loss``, ``accuracy`` (greedy next-token accuracy on the action ids), ``suffix_tokens``.
+        Metrics (0-d tensors, so nothing waits for the device until the caller reads them): ``loss``,
+        ``accuracy`` (greedy next-token accuracy on the action ids), ``suffix_tokens``.
         """
         seq = seq.to(self.device)
         out = self(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.token_type_ids,
@@ -323,11 +319,5 @@ class PrefixLM(nn.Module):
         with torch.no_grad():
             is_action = seq.action_mask[seq.loss_mask]
             hits = (logits.argmax(-1) == targets)[is_action]
-            accuracy = hits.float().mean().item() if hits.numel() else math.nan
-        return loss, {"loss": loss.item(), "accuracy": accuracy, "suffix_tokens": float(targets.numel())}
-
-    def generate(self, prompt: Sequence, images: torch.Tensor | None = None, **kwargs):
-        """Sample action ids after ``prompt``: see ``vla.decode.generate`` for the options."""
-        from .decode import generate
-
-        return generate(self, prompt, images=images, **kwargs)
+            accuracy = hits.float().mean()  # NaN when the batch holds no action ids
+        return loss, {"loss": loss.detach(), "accuracy": accuracy, "suffix_tokens": torch.tensor(float(targets.numel()))}

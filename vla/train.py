@@ -4,35 +4,50 @@
     accelerate launch -m vla.cli train --config_path configs/paligemma-3b.yaml   # many GPUs / nodes
 
 The action tokenizer is fitted on the training episodes (or loaded) before the first step and saved with every
-checkpoint. Checkpoints are JSON + safetensors, written to a temporary folder and renamed, so a crash never
+checkpoint. Batches are tokenised and packed by the policy's own pipeline in the DataLoader (its ``Collate``, in
+``num_workers`` worker processes), the optimiser and schedule are the policy config's LeRobot presets (the same
+recipe ``lerobot-train`` uses), and the loop waits for the device only every ``log_every`` steps. Checkpoints are JSON + safetensors, written to a temporary folder and renamed, so a crash never
 leaves a half-written one; ``--resume=true`` continues from the last one exactly (same batches, same optimiser
 and EMA state, same random state), which a test checks against an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import time
-from dataclasses import asdict
+import warnings
 from pathlib import Path
 from typing import Any
 
+import draccus
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
 import action_tokenizers as at
-from action_tokenizers.base import atomic_directory, atomic_write_text, read_json
 from vla import data
-from vla.config import TrainConfig
-from vla.policy import VLAConfig, VLAPolicy
-from vla.sequence import prompt_words
+from vla.checkpoints import (
+    CHECKPOINTS,
+    CONFIG,
+    METRICS,
+    latest_checkpoint,
+    load_checkpoint,
+    prepare_run,
+    save_checkpoint,
+)
+from vla.config import TrainConfig, load_config
+from vla.dataset import ActionChunkDataset
+from vla.fit import NORMALIZER_FILE
+from vla.io import atomic_write_text
+from vla.pipeline import Collate
+from vla.policy import VLAPolicy
+from vla.text import prompt_words
 
-CHECKPOINTS = "checkpoints"
-LAST = "last.json"
+
+class Diverged(RuntimeError):
+    """Training met a non-finite loss or gradient norm."""
 
 
 class StepBatchSampler(Sampler[list[int]]):
@@ -63,90 +78,50 @@ class StepBatchSampler(Sampler[list[int]]):
         return self.steps - self.start_step
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to 1, then cosine decay to ``min_lr_ratio``."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
 # --- building the policy ---------------------------------------------------------------------------------------
 def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
-    """Normalisers from the dataset's stats, the tokenizer fitted on the training episodes' chunks, a new model."""
-    root, horizon = cfg.dataset_root, cfg.policy.time_horizon
+    """Normalisers from the training frames, the tokenizer fitted on the training episodes' chunks, a new model."""
+    horizon = cfg.policy.time_horizon
     # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see data.load_stats).
-    stats = data.frame_stats(root, ["action", "observation.state"], episodes=train_episodes)
+    stats = data.frame_stats(info, ["action", "observation.state"], episodes=train_episodes)
     action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
     state_norm = at.Normalizer.from_stats(stats["observation.state"], "quantile")
-    chunks, _ = data.action_chunks(root, horizon, episodes=train_episodes)
+    pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None
+    if pretrained is not None and (pretrained / NORMALIZER_FILE).is_file():  # `vla tokenizer fit`: its own normaliser
+        action_norm = at.Normalizer.load(pretrained / NORMALIZER_FILE)
+    chunks, _ = data.action_chunks(info, horizon, episodes=train_episodes)
     tokenizer = cfg.tokenizer.build(action_norm.normalize(chunks))
-    options = asdict(cfg.policy)
     # The compact vocabulary gives the prompt's words one id each (PaliGemma's own tokenizer already does).
-    words = [] if cfg.policy.backbone_path else prompt_words(info.tasks)
-    config = VLAConfig(
-        **{k: v for k, v in options.items() if v is not None},
-        text_words=words,
+    config = dataclasses.replace(
+        cfg.policy,
+        text_words=[] if cfg.policy.backbone_path else prompt_words(info.tasks),
         action_dim=info.action_dim,
         state_dim=info.state_dim,
-        init_seed=cfg.seed,
+        init_seed=cfg.seed if cfg.policy.init_seed is None else cfg.policy.init_seed,
     )
     return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=action_norm, state_normalizer=state_norm)
 
 
-def make_loader(cfg: TrainConfig, dataset, start_step: int, rank: int, world: int) -> DataLoader:
+def make_loader(cfg: TrainConfig, dataset, policy: VLAPolicy, start_step: int, rank: int, world: int) -> DataLoader:
+    """Batches as a function of the step, tokenised and packed by the policy's pipeline in the loader's workers."""
     sampler = StepBatchSampler(len(dataset), cfg.batch_size, cfg.seed, start_step, cfg.steps, rank, world)
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.num_workers)
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=Collate(policy.pipeline.training),
+        num_workers=cfg.num_workers,
+        worker_init_fn=_one_thread if cfg.num_workers else None,
+        persistent_workers=cfg.num_workers > 0,
+    )
 
 
-# --- checkpoints -----------------------------------------------------------------------------------------------
-def save_checkpoint(run: Path, step: int, policy: VLAPolicy, optimizer, ema: dict[str, torch.Tensor] | None) -> Path:
-    """Everything needed to continue exactly, as JSON + safetensors, written atomically."""
-    target = run / CHECKPOINTS / f"step_{step:07d}"
-    opt_state = optimizer.state_dict()
-    names = [n for n, p in policy.named_parameters() if p.requires_grad]
-    tensors = {}
-    for idx, state in opt_state["state"].items():
-        for key, value in state.items():
-            tensors[f"{names[idx]}.{key}"] = value.detach().cpu().contiguous()
-    with atomic_directory(target) as tmp:
-        policy.save_pretrained(tmp / "policy")
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
-        save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        if ema is not None:
-            save_file({k: v.contiguous() for k, v in ema.items()}, str(tmp / "ema.safetensors"))
-        state = {
-            "format_version": 1,
-            "step": step,
-            "param_groups": opt_state["param_groups"],
-            "param_names": names,
-        }
-        atomic_write_text(tmp / "trainer_state.json", json.dumps(state) + "\n")
-    atomic_write_text(run / CHECKPOINTS / LAST, json.dumps({"step": step, "path": target.name}) + "\n")
-    return target
+def _one_thread(_: int) -> None:
+    torch.set_num_threads(1)  # a worker tokenises one batch at a time; threads would fight the main process
 
 
-def latest_checkpoint(run: Path) -> Path | None:
-    pointer = run / CHECKPOINTS / LAST
-    if not pointer.is_file():
-        return None
-    return run / CHECKPOINTS / read_json(pointer, "checkpoint pointer")["path"]
-
-
-def load_checkpoint(path: Path, policy: VLAPolicy, optimizer) -> tuple[int, dict[str, torch.Tensor] | None]:
-    """Restore optimiser, EMA and random state into a policy loaded from ``path / 'policy'``; returns the step."""
-    state = read_json(path / "trainer_state.json", "checkpoint")
-    tensors = load_file(str(path / "optimizer.safetensors"))
-    names = state["param_names"]
-    opt_state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        name, field = key.rsplit(".", 1)
-        opt_state.setdefault(names.index(name), {})[field] = value
-    optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
-    # Batches are a function of (seed, step) and numpy/python random are unused in a step; torch's is restored.
-    torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
-    ema_path = path / "ema.safetensors"
-    return state["step"], (load_file(str(ema_path)) if ema_path.is_file() else None)
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Every tensor (and the packed ``Sequence``) of a batch on ``device``."""
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
 
 
 # --- the loop --------------------------------------------------------------------------------------------------
@@ -162,50 +137,59 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {world} processes")
     run = Path(cfg.output_dir)
-    info = data.dataset_info(cfg.dataset_root)
-    train_eps, heldout_eps = data.split_episodes(cfg.dataset_root, heldout=cfg.heldout_episodes, seed=cfg.seed)
+    info = data.dataset_info(cfg.dataset_root)  # meta/ read once, passed on
+    train_eps, heldout_eps = data.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
+
+    encoded = draccus.encode(cfg)
+    if accelerator.is_main_process:  # a run folder is one run: checked before any work
+        resume_from = prepare_run(run, encoded, resume=cfg.resume, overwrite=cfg.overwrite, log=print)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        resume_from = latest_checkpoint(run) if cfg.resume else None
 
     torch.manual_seed(cfg.seed)
-    resume_from = latest_checkpoint(run) if cfg.resume else None
-    if cfg.resume and resume_from is None:
-        raise ValueError(f"--resume=true but {run / CHECKPOINTS} holds no checkpoint; drop --resume to start fresh")
     policy = VLAPolicy.from_pretrained(resume_from / "policy") if resume_from else build_policy(cfg, info, train_eps)
     policy.train()
 
+    # LeRobot's presets from the policy config: the same optimiser and schedule under lerobot-train.
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    optimizer = policy.config.get_optimizer_preset().build(params)
+    scheduler = policy.config.get_scheduler_preset().build(optimizer, cfg.steps)
     start_step, ema = 0, None
     if resume_from:
         start_step, ema = load_checkpoint(resume_from, policy, optimizer)
+        with warnings.catch_warnings():  # the schedule is a function of the step: set it to the checkpoint's
+            warnings.simplefilter("ignore", UserWarning)  # "scheduler.step() before optimizer.step()": intended
+            scheduler.last_epoch = start_step - 1
+            scheduler.step()
     if cfg.ema_decay > 0 and ema is None:
         ema = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg), last_epoch=start_step - 1)
 
-    image_keys = list(cfg.policy.image_keys)
-    dataset = data.ActionChunkDataset(
-        cfg.dataset_root, cfg.policy.time_horizon, episodes=train_eps, image_keys=image_keys,
+    image_keys = list(policy.config.image_keys)
+    dataset = ActionChunkDataset(
+        info, policy.config.time_horizon, episodes=train_eps, image_keys=image_keys,
         backend="lerobot" if image_keys else "memory",
     )  # fmt: skip
-    loader = make_loader(cfg, dataset, start_step, rank, world)
+    loader = make_loader(cfg, dataset, policy, start_step, rank, world)
     policy, optimizer = accelerator.prepare(policy, optimizer)
-    if accelerator.is_main_process:
+    if accelerator.is_main_process:  # accepted (fresh, or a resume with the run's own settings): recorded
         run.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run / "train_config.json", json.dumps(asdict(cfg), indent=2, default=str) + "\n")
-    metrics_file = run / "metrics.jsonl"
-    if not resume_from and accelerator.is_main_process:
-        metrics_file.unlink(missing_ok=True)
+        atomic_write_text(run / CONFIG, json.dumps(encoded, indent=2, default=str) + "\n")
+    metrics_file = run / METRICS
 
-    bar = tqdm(total=cfg.steps, initial=start_step, desc="train", disable=not (cfg.progress and accelerator.is_main_process))
-    history: list[dict[str, Any]] = []
+    main_process = cfg.progress and accelerator.is_main_process
+    bar = tqdm(total=cfg.steps, initial=start_step, desc="train", disable=not main_process)
+    pending: list[dict[str, torch.Tensor]] = []  # per step, on the device until the next log
+    losses: list[float] = []
     start_time, seen = time.perf_counter(), 0
     step = start_step
     for batch in loader:
-        batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        batch = to_device(batch, accelerator.device)
         with accelerator.autocast():
             loss, metrics = policy(batch)  # cross-entropy on the action suffix only
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
-        grad_norm = accelerator.clip_grad_norm_(params, cfg.grad_clip)
+        grad_norm = accelerator.clip_grad_norm_(params, policy.config.optimizer_grad_clip_norm)
         optimizer.step()
         scheduler.step()
         step += 1
@@ -215,25 +199,33 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                 for name, p in accelerator.unwrap_model(policy).named_parameters():
                     if name in ema:
                         ema[name].lerp_(p.detach(), 1 - decay)
-
         seen += cfg.batch_size
-        row = {
-            "step": step,
-            "loss": float(loss.detach()),
-            "grad_norm": float(grad_norm),
-            "lr": scheduler.get_last_lr()[0],
-            **{k: float(v) for k, v in metrics.items() if k != "loss" and isinstance(v, (int, float))},
-        }
-        history.append(row)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            row["samples_per_s"] = seen / (time.perf_counter() - start_time)
+        pending.append({**metrics, "loss": loss.detach(), "grad_norm": torch.as_tensor(grad_norm).detach()})
+        bar.update(1)
+
+        saving = step % cfg.save_every == 0 or step == cfg.steps
+        if step % cfg.log_every == 0 or step == cfg.steps or saving:  # the only place the loop waits for the device
+            rows = [{k: float(v) for k, v in m.items()} for m in pending]
+            first_bad = next((step - len(rows) + 1 + i for i, r in enumerate(rows)
+                              if not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]))), None)  # fmt: skip
+            if first_bad is not None:  # nothing after it is saved: the last checkpoint stays the last good one
+                last = sorted((run / CHECKPOINTS).glob("step_*"))
+                raise Diverged(
+                    f"training diverged at step {first_bad}: the loss or the gradient norm is not finite; the last "
+                    f"good checkpoint is {last[-1] if last else 'none (none was saved yet)'}. Lower "
+                    "--policy.optimizer_lr (or raise --policy.scheduler_warmup_steps) and start again"
+                )
+            losses.extend(r["loss"] for r in rows)
+            row = {"step": step, **rows[-1], "lr": scheduler.get_last_lr()[0],
+                   "samples_per_s": seen / (time.perf_counter() - start_time)}  # fmt: skip
+            row["loss_mean"] = float(np.mean([r["loss"] for r in rows]))
+            pending = []
             if accelerator.is_main_process:
                 with metrics_file.open("a") as f:
                     f.write(json.dumps(row) + "\n")
             bar.set_postfix(loss=f"{row['loss']:.4f}", sps=f"{row['samples_per_s']:.0f}", refresh=False)
-        bar.update(1)
-        if (step % cfg.save_every == 0 or step == cfg.steps) and accelerator.is_main_process:
-            save_checkpoint(run, step, accelerator.unwrap_model(policy), optimizer, ema)
+        if saving and accelerator.is_main_process:
+            save_checkpoint(run, step, accelerator.unwrap_model(policy), optimizer, ema, keep_last=cfg.keep_last)
     bar.close()
     elapsed = time.perf_counter() - start_time
 
@@ -246,9 +238,12 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                         p.copy_(ema[name])
         final.save_pretrained(run / "policy")
         plot_loss(metrics_file, run / "loss.png")
+    if not losses and metrics_file.is_file():  # resumed at the final step (a kill during the final save): no step ran
+        rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+        losses = [rows[-1]["loss"]] if rows else []
     return {
-        "final_loss": history[-1]["loss"] if history else None,
-        "losses": [r["loss"] for r in history],
+        "final_loss": losses[-1] if losses else float("nan"),
+        "losses": losses,
         "steps": step,
         "train_seconds": elapsed,
         "samples_per_s": seen / max(elapsed, 1e-9),
@@ -288,15 +283,6 @@ def add_cli(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from vla.config import load_config
-
-    extra = list(getattr(args, "extra", []))
-    config_path = None
-    for i, arg in enumerate(extra):
-        if arg.startswith("--config_path"):
-            config_path = arg.split("=", 1)[1] if "=" in arg else extra[i + 1]
-            extra = extra[:i] + extra[i + (1 if "=" in arg else 2) :]
-            break
-    summary = main(load_config(config_path, extra))
+    summary = main(load_config(args=list(getattr(args, "extra", []))))  # draccus reads --config_path itself
     print(f"final loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s; policy in {summary['policy_path']}")
     return 0

@@ -1,68 +1,127 @@
-"""Simulators, scripted experts, recording demonstrations into LeRobot datasets, closed-loop rollouts.
+"""Simulators behind one interface: an environment named by family and task, its scripted expert, a registry.
 
-    from vla.sim import EVAL_SEED_START, ExpertPolicy, make_env, record, rollout
+    env = make_env("metaworld/push-v3", image_keys=["observation.images.corner2"], image_size=128)
+    obs = env.reset(seed=EVAL_SEED_START)        # a dict with a dataset sample's keys (vla.data's contract)
+    obs, reward, done, info = env.step(action)   # action float [env.action_dim]; info["success"]: bool
+    expert = make_expert("metaworld/push-v3")    # expert.reset(seed); expert(obs) -> actions [k, D]
 
-    env = make_env("push-v3", image_size=128)       # Meta-World MT1 task, goal observable
-    obs = env.reset(seed=EVAL_SEED_START)            # dict with the keys of a dataset sample
-    obs, reward, done, info = env.step(action)       # action: float [4]; info["success"]: bool
-
-    record.record("push-v3", 100, "outputs/datasets/metaworld_push-v3")          # successful expert episodes
-    rollout.rollout(ExpertPolicy("push-v3"), "push-v3", episodes=20)            # success rate, return, length
-
-``record`` and ``rollout`` here are the modules (``vla.sim.record.record`` is the function, beside
-``DEFAULT_DATASET_ROOT`` and friends): re-exporting the functions under the modules' names would make
-``from vla.sim import record`` mean one thing or the other depending on import order.
+A simulator family is one module that calls ``register(Family(...))`` (``vla.sim.metaworld_env`` for Meta-World);
+recording (``vla.sim.record``), rollouts (``vla.sim.rollout``), evaluation and the CLI only use what is here, so
+a new simulator adds one module and one line in ``_FAMILY_MODULES``.
 
 Seeds: training recordings draw layouts from seeds ``TRAIN_SEED_START`` upward, evaluation from
 ``EVAL_SEED_START`` upward; ``record`` refuses seeds that would reach the evaluation range.
 """
 
+from __future__ import annotations
+
+import importlib
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vla.names import check_name
 
 # MuJoCo picks its GL backend when it is first imported: choose headless EGL before anything imports it.
 # A user's own MUJOCO_GL (osmesa, glfw) wins.
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from vla.sim import record, rollout  # noqa: E402  (the modules)
-from vla.sim.metaworld_env import (  # noqa: E402
-    EVAL_SEED_START,
-    TRAIN_SEED_START,
-    ExpertPolicy,
-    MetaWorldEnv,
-    check_task,
-    make_env,
-    task_names,
-    task_text,
-)
-from vla.sim.record import (  # noqa: E402
-    DEFAULT_DATASET_ROOT,
-    DEFAULT_EPISODES,
-    DEFAULT_IMAGE_SIZE,
-    DEFAULT_TASK,
-    default_root,
-    ensure_dataset,
-)
-from vla.sim.rollout import EpisodeResult, run_episode, run_episodes, summarize  # noqa: E402
+TRAIN_SEED_START = 0
+EVAL_SEED_START = 1_000_000  # far beyond any recording; `record` refuses to cross it
+
+
+class Env(Protocol):
+    """One task of one simulator, reset per seed. Observations are unbatched dicts with the dataset's keys."""
+
+    name: str  # "family/task", e.g. "metaworld/push-v3"
+    task_text: str  # the instruction, a plain sentence ("push the puck to a goal")
+    fps: int  # control rate: actions per second
+    action_dim: int
+    max_steps: int  # an episode is cut (done, not a success) after this many actions
+    robot_type: str
+    features: dict[str, dict]  # the LeRobot feature spec of what reset/step return (cameras included)
+    last_frames: dict[str, Any]  # camera key -> uint8 [H, W, 3] behind the latest observation (what a dataset stores)
+
+    def reset(self, seed: int) -> dict[str, Any]: ...
+
+    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class Expert(Protocol):
+    """A scripted demonstrator: ``reset(seed)`` at the start of the episode on ``seed``, then ``obs -> [k, D]``."""
+
+    def reset(self, seed: int) -> None: ...
+
+    def __call__(self, obs: dict[str, Any]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """A simulator: how to list its tasks, build an env for one, and build that task's expert."""
+
+    name: str  # "metaworld"
+    tasks: Callable[[], list[str]]
+    make_env: Callable[..., Env]  # (task, *, image_keys, image_size, max_steps) -> Env
+    make_expert: Callable[[str], Expert]
+    default_task: str
+    default_cameras: tuple[str, ...]  # the dataset keys `vla data record --images` records
+
+
+FAMILIES: dict[str, Family] = {}
+# Families imported on first use (their simulators are slow to import).
+_FAMILY_MODULES = {"metaworld": "vla.sim.metaworld_env"}
+
+
+def register(family: Family) -> Family:
+    FAMILIES[family.name] = family
+    return family
+
+
+def family(name: str) -> Family:
+    """The simulator family called ``name`` (imported on first use)."""
+    check_name("simulator", name, _FAMILY_MODULES)
+    if name not in FAMILIES:
+        importlib.import_module(_FAMILY_MODULES[name])
+    return FAMILIES[name]
+
+
+def split_name(name: str) -> tuple[Family, str]:
+    """``"metaworld/push-v3"`` -> (the family, ``"push-v3"``), both checked."""
+    if not isinstance(name, str) or name.count("/") != 1:
+        raise ValueError(f"name an environment as family/task, e.g. 'metaworld/push-v3'; got {name!r}")
+    family_name, task = name.split("/")
+    fam = family(family_name)
+    check_name(f"{family_name} task", task, fam.tasks())
+    return fam, task
+
+
+def make_env(
+    name: str, *, image_keys: list[str] | tuple[str, ...] = (), image_size: int | None = None, max_steps: int | None = None
+) -> Env:
+    """The environment ``family/task``; it renders the cameras in ``image_keys`` at ``image_size`` pixels."""
+    fam, task = split_name(name)
+    return fam.make_env(task, image_keys=list(image_keys), image_size=image_size, max_steps=max_steps)
+
+
+def make_expert(name: str) -> Expert:
+    """The scripted expert for ``family/task``."""
+    fam, task = split_name(name)
+    return fam.make_expert(task)
+
 
 __all__ = [
-    "DEFAULT_DATASET_ROOT",
-    "DEFAULT_EPISODES",
-    "DEFAULT_IMAGE_SIZE",
-    "DEFAULT_TASK",
     "EVAL_SEED_START",
+    "FAMILIES",
     "TRAIN_SEED_START",
-    "EpisodeResult",
-    "ExpertPolicy",
-    "MetaWorldEnv",
-    "check_task",
-    "default_root",
-    "ensure_dataset",
+    "Env",
+    "Expert",
+    "Family",
+    "family",
     "make_env",
-    "record",
-    "rollout",
-    "run_episode",
-    "run_episodes",
-    "summarize",
-    "task_names",
-    "task_text",
+    "make_expert",
+    "register",
+    "split_name",
 ]

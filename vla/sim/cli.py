@@ -1,7 +1,7 @@
 """``vla data``: record demonstrations into a LeRobot dataset, and describe a dataset.
 
     vla data record                                   # the demo's dataset: push-v3, 100 episodes, state only
-    vla data record --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128 --seed 0
+    vla data record --env metaworld --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128
     vla data info DIR
 """
 
@@ -11,16 +11,18 @@ import argparse
 import json
 from pathlib import Path
 
-from vla.sim.metaworld_env import DEFAULT_CAMERA, DEFAULT_MAX_STEPS, TRAIN_SEED_START
+from vla.sim import TRAIN_SEED_START
 from vla.sim.record import (
     DEFAULT_ACTION_NOISE,
     DEFAULT_DATASET_ROOT,
+    DEFAULT_ENV,
     DEFAULT_EPISODES,
     DEFAULT_IMAGE_SIZE,
-    DEFAULT_TASK,
     default_root,
     record,
 )
+
+DEFAULT_FAMILY, DEFAULT_TASK = DEFAULT_ENV.split("/")
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -40,8 +42,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         description="Record successful scripted-expert episodes into a new LeRobot v3.0 dataset. With no "
         f"options: {DEFAULT_EPISODES} episodes of {DEFAULT_TASK}, state only, into {DEFAULT_DATASET_ROOT}.",
     )
-    rec.add_argument("--env", default="metaworld", choices=["metaworld"], help="simulator (default: metaworld)")
-    rec.add_argument("--task", default=DEFAULT_TASK, help="Meta-World task, e.g. reach-v3 (default: %(default)s)")
+    rec.add_argument("--env", default=DEFAULT_FAMILY, help="simulator family (default: %(default)s)")
+    rec.add_argument("--task", default=DEFAULT_TASK, help="the family's task, e.g. reach-v3 (default: %(default)s)")
     rec.add_argument(
         "--episodes", type=int, default=DEFAULT_EPISODES, help=f"episodes to keep (default: {DEFAULT_EPISODES})"
     )
@@ -55,16 +57,18 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     rec.add_argument(
         "--image-size", type=int, default=DEFAULT_IMAGE_SIZE, help="square image side (default: %(default)s)"
     )
-    rec.add_argument("--camera", default=DEFAULT_CAMERA, help=f"Meta-World camera (default: {DEFAULT_CAMERA})")
+    rec.add_argument(
+        "--camera", action="append", default=None, dest="cameras",
+        help="camera key to record (repeatable; default: the simulator's usual one, Meta-World's "
+        "observation.images.corner2)",
+    )  # fmt: skip
     rec.add_argument(
         "--seed",
         type=int,
         default=TRAIN_SEED_START,
         help="first layout seed; episodes use seed, seed+1, ... (default: %(default)s)",
     )
-    rec.add_argument(
-        "--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="step limit per episode (default: %(default)s)"
-    )
+    rec.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the simulator's)")
     rec.add_argument(
         "--keep-failed", action="store_true", help="keep failed episodes too (flagged in meta/recording.json)"
     )
@@ -86,19 +90,20 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _record(args: argparse.Namespace) -> int:
+    env_name = f"{args.env}/{args.task}"
     root = args.root
     if root is None:
-        root = DEFAULT_DATASET_ROOT if (args.task, args.images) == (DEFAULT_TASK, False) else default_root(
-            args.task, args.images
+        root = DEFAULT_DATASET_ROOT if (env_name, args.images) == (DEFAULT_ENV, False) else default_root(
+            env_name, args.images
         )
     summary = record(
-        args.task,
+        env_name,
         args.episodes,
         root,
         images=args.images,
+        cameras=args.cameras,
         seed=args.seed,
         image_size=args.image_size,
-        camera=args.camera,
         max_steps=args.max_steps,
         keep_failed=args.keep_failed,
         action_noise=args.action_noise,
@@ -119,10 +124,15 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from vla.data import dataset_info
+    from vla.data import check_values, dataset_info
 
     info = dataset_info(args.root)
     print(info.describe())
+    problems = check_values(info)
+    for name, problem in problems.items():
+        print(f"  WARNING: '{name}' holds NaN or inf: {problem}")
+    if not problems:
+        print("  values: action and state are finite")
     if args.json and info.recording:
         print(json.dumps(info.recording, indent=2))
     return 0

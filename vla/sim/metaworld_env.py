@@ -1,9 +1,9 @@
-"""Meta-World MT1 tasks behind one small interface, and their scripted experts as chunk policies.
+"""Meta-World behind the simulator interface (``vla.sim``): one MT1 task per env, and its scripted expert.
 
 The observation is a dict with the keys of a dataset sample (``vla.data``), unbatched:
 
     "observation.state"            float32 [39]       Meta-World's goal-observable observation (see STATE_NAMES)
-    "observation.images.<camera>"  float32 [3, H, W]  RGB in [0, 1], only when ``image_size`` is set
+    "observation.images.<camera>"  float32 [3, H, W]  RGB in [0, 1], for each camera asked for (``image_keys``)
     "task"                         str                a short sentence, e.g. "push the puck to a goal"
 
 so a policy sees the same types in the simulator as in training. Actions are float [4]: the hand's
@@ -17,7 +17,6 @@ seed gives one reproducible layout, and distinct seeds give distinct layouts.
 from __future__ import annotations
 
 import atexit
-import difflib
 import os
 import warnings
 import weakref
@@ -25,12 +24,10 @@ from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco is imported (see vla/sim/__init__.py)
+from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
-# Seeds for training recordings count up from TRAIN_SEED_START, evaluation seeds from EVAL_SEED_START;
-# the gap is far larger than any recording, and `record` refuses to cross it.
-TRAIN_SEED_START = 0
-EVAL_SEED_START = 1_000_000
+from vla.names import check_name
+from vla.sim import Family, register
 
 ACTION_DIM = 4
 ACTION_NAMES = ["dx", "dy", "dz", "gripper"]
@@ -43,7 +40,9 @@ _FRAME_NAMES = (
 STATE_NAMES = _FRAME_NAMES + [f"prev_{n}" for n in _FRAME_NAMES] + ["goal_x", "goal_y", "goal_z"]
 STATE_DIM = len(STATE_NAMES)  # 39
 
+IMAGE_PREFIX = OBS_IMAGES + "."
 DEFAULT_CAMERA = "corner2"
+DEFAULT_IMAGE_SIZE = 128  # pixels (square) when cameras are asked for without a size
 DEFAULT_MAX_STEPS = 500  # Meta-World's own episode limit (max_path_length)
 # These cameras are mounted upside down in Meta-World's scene: rotate their images by 180 degrees.
 _UPSIDE_DOWN_CAMERAS = {"corner", "corner2", "corner3"}
@@ -57,20 +56,6 @@ def task_names() -> list[str]:
     from metaworld.env_dict import ALL_V3_ENVIRONMENTS
 
     return list(ALL_V3_ENVIRONMENTS)
-
-
-def check_task(task: str) -> str:
-    """Return ``task`` if Meta-World knows it; otherwise raise ValueError naming the closest names."""
-    names = task_names()
-    if task in names:
-        return task
-    close = difflib.get_close_matches(task, names, n=3, cutoff=0.5)
-    if not close and f"{task}-v3" in names:
-        close = [f"{task}-v3"]
-    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(
-        f"unknown Meta-World task {task!r}.{hint} Known tasks: {', '.join(names)}."
-    )
 
 
 _TASK_TEXT: dict[str, str] | None = None
@@ -110,31 +95,37 @@ def _load_lerobot_task_text() -> dict[str, str]:
 
 
 class MetaWorldEnv:
-    """One Meta-World MT1 task (goal observable), reset per seed, optionally rendering one camera.
+    """One Meta-World MT1 task (goal observable), reset per seed, rendering the cameras in ``image_keys``.
 
-    ``reset(seed) -> obs``; ``step(action) -> (obs, reward, done, info)`` where ``done`` is success or the
-    step limit, and ``info`` has ``success`` (bool) and ``truncated`` (bool). Close it (or use ``with``)
-    to release the renderer.
+    The ``vla.sim.Env`` interface: ``reset(seed) -> obs``; ``step(action) -> (obs, reward, done, info)`` where
+    ``done`` is success or the step limit, and ``info`` has ``success`` (bool) and ``truncated`` (bool). Close it
+    (or use ``with``) to release the renderer.
     """
+
+    action_dim = ACTION_DIM
+    robot_type = "sawyer"
 
     def __init__(
         self,
         task: str,
         *,
+        image_keys: list[str] | tuple[str, ...] = (),
         image_size: int | None = None,
-        camera: str = DEFAULT_CAMERA,
-        max_steps: int = DEFAULT_MAX_STEPS,
+        max_steps: int | None = None,
     ):
-        self.task = check_task(task)
+        self.task = check_name("Meta-World task", task, task_names())
+        self.name = f"metaworld/{self.task}"
         self.task_text = task_text(self.task)
-        if max_steps < 1:
+        self.max_steps = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
+        if self.max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
-        if image_size is not None and not 8 <= image_size <= 1024:
+        self.image_keys = list(image_keys)
+        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX)]
+        if bad:
+            raise ValueError(f"cameras are named by their dataset key, e.g. '{IMAGE_PREFIX}{DEFAULT_CAMERA}'; got {bad}")
+        self.image_size = (image_size or DEFAULT_IMAGE_SIZE) if self.image_keys else None
+        if self.image_size is not None and not 8 <= self.image_size <= 1024:
             raise ValueError(f"image_size must be between 8 and 1024 pixels, got {image_size}")
-        self.max_steps = int(max_steps)
-        self.image_size = image_size
-        self.camera = camera
-        self.image_key = f"observation.images.{camera}"
 
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
 
@@ -157,12 +148,24 @@ class MetaWorldEnv:
         self.fps = int(round(1.0 / self._env.dt))  # 80 Hz: 5 physics steps of 2.5 ms per action
 
         self._renderer = None
-        if image_size is not None:
-            self._renderer = self._make_renderer(image_size)
+        if self.image_keys:
+            self._renderer = self._make_renderer(self.image_size, [k.removeprefix(IMAGE_PREFIX) for k in self.image_keys])
             _RENDERING_ENVS.add(self)
         self._steps = 0
         self._done = True
-        self.last_frame: np.ndarray | None = None  # uint8 [H, W, 3] behind the latest observation
+        self.last_frames: dict[str, np.ndarray] = {}  # camera key -> uint8 [H, W, 3] behind the latest observation
+
+    @property
+    def features(self) -> dict[str, dict]:
+        """The LeRobot feature spec of the observations and actions (cameras as PNG frames: exact pixels)."""
+        features: dict[str, dict] = {
+            OBS_STATE: {"dtype": "float32", "shape": (STATE_DIM,), "names": STATE_NAMES},
+            ACTION: {"dtype": "float32", "shape": (ACTION_DIM,), "names": ACTION_NAMES},
+        }
+        for key in self.image_keys:
+            shape = (self.image_size, self.image_size, 3)
+            features[key] = {"dtype": "image", "shape": shape, "names": ["height", "width", "channels"]}
+        return features
 
     # -- the interface ---------------------------------------------------------------------------
 
@@ -207,49 +210,43 @@ class MetaWorldEnv:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    @property
-    def raw_env(self):
-        """The underlying Meta-World environment (for what this wrapper does not cover)."""
-        return self._env
-
-    def render(self) -> np.ndarray:
-        """The camera image now, uint8 [H, W, 3] (what the dataset stores)."""
+    def render(self, key: str) -> np.ndarray:
+        """Camera ``key``'s image now, uint8 [H, W, 3] (what the dataset stores)."""
         if self._renderer is None:
-            raise RuntimeError("this env renders nothing: make it with image_size=...")
-        self._renderer.update_scene(self._env.data, camera=self.camera)
+            raise RuntimeError("this env renders nothing: make it with image_keys=[...]")
+        camera = key.removeprefix(IMAGE_PREFIX)
+        self._renderer.update_scene(self._env.data, camera=camera)
         image = self._renderer.render()  # uint8 [H, W, 3]
-        if self.camera in _UPSIDE_DOWN_CAMERAS:
+        if camera in _UPSIDE_DOWN_CAMERAS:
             image = image[::-1, ::-1]
         return np.ascontiguousarray(image)
 
     def _observe(self, raw: np.ndarray) -> dict[str, Any]:
-        obs: dict[str, Any] = {"observation.state": raw.astype(np.float32), "task": self.task_text}
-        if self._renderer is not None:
-            self.last_frame = self.render()  # uint8 [H, W, 3], what a recording stores
-            # -> float32 [3, H, W] in [0, 1], the layout LeRobot's dataset returns
-            obs[self.image_key] = self.last_frame.transpose(2, 0, 1).astype(np.float32) / 255.0
+        obs: dict[str, Any] = {OBS_STATE: raw.astype(np.float32), "task": self.task_text}
+        for key in self.image_keys:
+            self.last_frames[key] = frame = self.render(key)  # uint8 [H, W, 3], what a recording stores
+            obs[key] = frame.transpose(2, 0, 1).astype(np.float32) / 255.0  # float32 [3, H, W], LeRobot's layout
         return obs
 
-    def _make_renderer(self, size: int):
+    def _make_renderer(self, size: int, cameras: list[str]):
         import mujoco
 
         model = self._env.model
-        cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, self.camera)
-        if cam_id < 0:
-            cams = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) for i in range(model.ncam)]
-            raise ValueError(f"unknown camera {self.camera!r}; this scene has {cams}")
+        known = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) for i in range(model.ncam)]
+        for camera in cameras:
+            cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, check_name("camera", camera, known))
+            dolly = _CAMERA_DOLLY_M.get(camera, 0.0)
+            if dolly:
+                rot = np.zeros(9)
+                mujoco.mju_quat2Mat(rot, model.cam_quat[cam_id])
+                forward = -rot.reshape(3, 3)[:, 2]  # a MuJoCo camera looks along its -z axis
+                model.cam_pos[cam_id] = model.cam_pos[cam_id] + dolly * forward
+        mujoco.mj_forward(model, self._env.data)
         # Software rendering costs 75-200 ms a frame with Meta-World's defaults and ~10 ms without
         # anti-aliasing, shadows and reflections, which a 128 px policy image does not need.
         model.vis.quality.offsamples = 0
         model.light_castshadow[:] = 0
         model.mat_reflectance[:] = 0
-        dolly = _CAMERA_DOLLY_M.get(self.camera, 0.0)
-        if dolly:
-            rot = np.zeros(9)
-            mujoco.mju_quat2Mat(rot, model.cam_quat[cam_id])
-            forward = -rot.reshape(3, 3)[:, 2]  # a MuJoCo camera looks along its -z axis
-            model.cam_pos[cam_id] = model.cam_pos[cam_id] + dolly * forward
-            mujoco.mj_forward(model, self._env.data)
         try:
             renderer = mujoco.Renderer(model, height=size, width=size)
         except Exception as err:  # the GL library is missing or MUJOCO_GL names an unusable backend
@@ -277,17 +274,6 @@ def _close_renderers() -> None:
         env.close()
 
 
-def make_env(
-    task: str,
-    *,
-    image_size: int | None = None,
-    camera: str = DEFAULT_CAMERA,
-    max_steps: int = DEFAULT_MAX_STEPS,
-) -> MetaWorldEnv:
-    """A Meta-World task with the dataset's observation keys (images only when ``image_size`` is set)."""
-    return MetaWorldEnv(task, image_size=image_size, camera=camera, max_steps=max_steps)
-
-
 class ExpertPolicy:
     """Meta-World's scripted expert for ``task`` as a chunk policy: ``obs -> actions float32 [1, 4]``.
 
@@ -299,13 +285,13 @@ class ExpertPolicy:
     def __init__(self, task: str):
         from metaworld.policies import ENV_POLICY_MAP
 
-        self.task = check_task(task)
+        self.task = check_name("Meta-World task", task, task_names())
         if self.task not in ENV_POLICY_MAP:
             raise ValueError(f"Meta-World has no scripted expert for {self.task!r}")
         self._expert = ENV_POLICY_MAP[self.task]()
 
     def __call__(self, obs: dict[str, Any]) -> np.ndarray:
-        state = np.asarray(obs["observation.state"], dtype=np.float64)
+        state = np.asarray(obs[OBS_STATE], dtype=np.float64)
         with warnings.catch_warnings():
             # The experts' P-controllers routinely ask for more than the [-1, 1] the env allows and warn
             # each time; the clip below is the intended behaviour.
@@ -313,5 +299,17 @@ class ExpertPolicy:
             action = self._expert.get_action(state)
         return np.clip(action, -1.0, 1.0).astype(np.float32)[None]  # [1, 4]
 
-    def reset(self) -> None:
-        """The experts are memoryless; present for the rollout protocol."""
+    def reset(self, seed: int | None = None) -> None:
+        """The experts are memoryless; present for the ``vla.sim.Expert`` protocol."""
+
+
+register(
+    Family(
+        name="metaworld",
+        tasks=lambda: task_names(),
+        make_env=MetaWorldEnv,
+        make_expert=ExpertPolicy,
+        default_task="push-v3",
+        default_cameras=(IMAGE_PREFIX + DEFAULT_CAMERA,),
+    )
+)

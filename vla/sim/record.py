@@ -1,15 +1,11 @@
-"""Record scripted-expert demonstrations from a simulator into a LeRobot v3.0 dataset, atomically.
+"""Record scripted-expert demonstrations from any simulator (``vla.sim``) into a LeRobot v3.0 dataset, atomically.
 
-    summary = record("push-v3", episodes=100, root="outputs/datasets/metaworld_push-v3")
+    summary = record("metaworld/push-v3", episodes=100, root="outputs/datasets/metaworld_push-v3")
 
-Each attempt runs Meta-World's expert on a fresh seed (``seed, seed + 1, ...``); successful episodes are
+Each attempt runs the task's expert on a fresh seed (``seed, seed + 1, ...``); successful episodes are
 kept (all of them with ``keep_failed=True``, each flagged in ``meta/recording.json``) until ``episodes``
-are recorded. The dataset holds per step:
-
-    observation.state            float32 [39]       (names in vla.sim.metaworld_env.STATE_NAMES)
-    action                       float32 [4]        dx, dy, dz, gripper in [-1, 1]
-    observation.images.<camera>  image [H, W, 3]    only with images=True (PNG frames, no video codec)
-    task                         the task sentence
+are recorded. The dataset holds per step what the env's ``features`` say (for Meta-World: ``observation.state`` float32 [39],
+``action`` float32 [4], and with ``images=True`` the camera as PNG frames, no video codec), and the task sentence.
 
 and ``meta/recording.json`` says how it was made: task, expert success rate, the seed of every episode,
 the action noise, versions.
@@ -28,31 +24,18 @@ interrupted recording leaves no dataset that looks complete.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla.sim.metaworld_env import (
-    ACTION_DIM,
-    ACTION_NAMES,
-    DEFAULT_CAMERA,
-    DEFAULT_MAX_STEPS,
-    EVAL_SEED_START,
-    STATE_DIM,
-    STATE_NAMES,
-    TRAIN_SEED_START,
-    ExpertPolicy,
-    MetaWorldEnv,
-    check_task,
-)
+from vla.io import atomic_directory, read_json, write_json
+from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, Env, Expert, make_env, make_expert, split_name
 from vla.sim.rollout import EpisodeResult, run_episode, summarize
 
-DEFAULT_TASK = "push-v3"
+DEFAULT_ENV = "metaworld/push-v3"
 DEFAULT_EPISODES = 100
 DEFAULT_ACTION_NOISE = 0.0  # the default dataset's DART noise (see the module docstring)
 DEFAULT_IMAGE_SIZE = 128
@@ -62,9 +45,9 @@ RECORDING_FILE = "meta/recording.json"
 RECORDING_FORMAT = 1
 
 
-def default_root(task: str = DEFAULT_TASK, images: bool = False) -> Path:
-    """Where ``vla data record`` writes when no ``--root`` is given."""
-    return Path("outputs/datasets") / f"metaworld_{task}{'_images' if images else ''}"
+def default_root(env_name: str = DEFAULT_ENV, images: bool = False) -> Path:
+    """Where ``vla data record`` writes when no ``--root`` is given: ``outputs/datasets/<family>_<task>[_images]``."""
+    return Path("outputs/datasets") / f"{env_name.replace('/', '_')}{'_images' if images else ''}"
 
 
 def max_attempts_for(episodes: int) -> int:
@@ -73,29 +56,30 @@ def max_attempts_for(episodes: int) -> int:
 
 
 def record(
-    task: str = DEFAULT_TASK,
+    env_name: str = DEFAULT_ENV,
     episodes: int = DEFAULT_EPISODES,
     root: str | Path | None = None,
     *,
     images: bool = False,
-    seed: int = TRAIN_SEED_START,
+    cameras: list[str] | None = None,
     image_size: int = DEFAULT_IMAGE_SIZE,
-    camera: str = DEFAULT_CAMERA,
-    max_steps: int = DEFAULT_MAX_STEPS,
+    seed: int = TRAIN_SEED_START,
+    max_steps: int | None = None,
     keep_failed: bool = False,
     action_noise: float = 0.0,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Record ``episodes`` expert episodes of a Meta-World task into a new LeRobot dataset at ``root``.
+    """Record ``episodes`` expert episodes of ``env_name`` (``family/task``) into a new LeRobot dataset at ``root``.
 
+    ``images=True`` records ``cameras`` (dataset keys; default the family's ``default_cameras``).
     Returns a summary: ``root``, ``episodes``, ``attempts``, ``expert_success_rate``, ``frames``,
     ``episode_lengths``, ``seeds``, ``seconds``, ``steps_per_s`` and the settings. Raises ValueError for
     bad arguments (unknown task, existing root without ``overwrite``, seeds reaching the evaluation range)
     and when the expert cannot collect ``episodes`` successes within ``max_attempts_for(episodes)`` seeds.
     """
-    task = check_task(task)
-    root = Path(root) if root is not None else default_root(task, images)
+    fam, _ = split_name(env_name)  # a clear error for an unknown family or task, before anything is written
+    root = Path(root) if root is not None else default_root(env_name, images)
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     if not (np.isfinite(action_noise) and 0.0 <= action_noise <= 1.0):
@@ -110,31 +94,22 @@ def record(
         raise ValueError(f"{root} already exists; choose another --root or pass --overwrite to replace it")
     if root.exists() and not root.is_dir():
         raise ValueError(f"{root} exists and is not a folder")
+    image_keys = list(cameras or fam.default_cameras) if images else []
 
-    # Write everything into a hidden sibling, rename on success: readers never see half a dataset.
-    root.parent.mkdir(parents=True, exist_ok=True)
-    partial = root.parent / f".{root.name}.partial-{os.getpid()}"
-    if partial.exists():
-        shutil.rmtree(partial)
-    try:
+    # Everything goes into a hidden sibling renamed into place at the end (also on Ctrl-C nothing half-written
+    # stays): readers never see half a dataset, and an existing dataset (overwrite) goes only after that.
+    with atomic_directory(root) as tmp:
+        tmp.rmdir()  # LeRobot creates the dataset folder itself
         summary = _record_into(
-            partial,
-            task=task,
+            tmp,
+            env=make_env(env_name, image_keys=image_keys, image_size=image_size, max_steps=max_steps),
+            expert=NoisyExpert(make_expert(env_name), action_noise),
             episodes=episodes,
-            images=images,
             seed=seed,
-            image_size=image_size,
-            camera=camera,
-            max_steps=max_steps,
             keep_failed=keep_failed,
-            action_noise=float(action_noise),
             attempts_allowed=attempts_allowed,
             progress=progress,
         )
-        _move_into_place(partial, root)
-    except BaseException:  # also Ctrl-C: nothing half-written stays behind
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     summary["root"] = str(root)
     return summary
 
@@ -142,15 +117,11 @@ def record(
 def _record_into(
     out: Path,
     *,
-    task: str,
+    env: Env,
+    expert: NoisyExpert,
     episodes: int,
-    images: bool,
     seed: int,
-    image_size: int,
-    camera: str,
-    max_steps: int,
     keep_failed: bool,
-    action_noise: float,
     attempts_allowed: int,
     progress: bool,
 ) -> dict[str, Any]:
@@ -159,43 +130,41 @@ def _record_into(
     from tqdm import tqdm
 
     started = time.perf_counter()
-    expert = NoisyExpert(ExpertPolicy(task), action_noise)
     kept: list[EpisodeResult] = []
     tried: list[EpisodeResult] = []
+    cameras = [k for k, ft in env.features.items() if ft["dtype"] == "image"]
     # Unwound last-in first-out on success and on any error: bar, dataset (finalize writes the parquet
     # footers, needed even when the folder is about to be deleted), progress bars, env.
     with contextlib.ExitStack() as stack:
-        env = stack.enter_context(
-            MetaWorldEnv(task, image_size=image_size if images else None, camera=camera, max_steps=max_steps)
-        )
+        stack.callback(env.close)
         stack.enter_context(SuppressProgressBars())  # the `datasets` library draws a bar per saved episode
         dataset = LeRobotDataset.create(
-            repo_id=f"local/metaworld_{task}",
+            repo_id=f"local/{env.name.replace('/', '_')}",
             fps=env.fps,
-            features=_features(env, images, image_size),
+            features=env.features,
             root=out,
-            robot_type="sawyer",
+            robot_type=env.robot_type,
             use_videos=False,
             video_backend="pyav",  # no videos here; naming one skips LeRobot's noisy torchcodec probe
             # PNGs are written in this thread: a writer thread measured no faster on 2 cores
         )
         stack.callback(dataset.finalize)
-        bar = stack.enter_context(tqdm(total=episodes, desc=f"record {task}", unit="ep", disable=not progress))
+        bar = stack.enter_context(tqdm(total=episodes, desc=f"record {env.name}", unit="ep", disable=not progress))
 
         def add_frame(obs: dict[str, Any], action: np.ndarray) -> None:
             frame = {
-                "observation.state": obs["observation.state"],  # float32 [39]
-                "action": expert.label,  # float32 [4]: the expert's own action (the executed one when no noise)
+                OBS_STATE: obs[OBS_STATE],
+                ACTION: expert.label,  # the expert's own action (the executed one when there is no noise)
                 "task": obs["task"],
             }
-            if images:
-                frame[env.image_key] = env.last_frame  # uint8 [H, W, 3]
+            for key in cameras:
+                frame[key] = env.last_frames[key]  # uint8 [H, W, 3]
             dataset.add_frame(frame)
 
         for attempt_seed in range(seed, seed + attempts_allowed):
             if len(kept) == episodes:
                 break
-            expert.seed(attempt_seed)
+            expert.reset(attempt_seed)
             result = run_episode(env, expert, attempt_seed, on_step=add_frame)
             tried.append(result)
             if result.success or keep_failed:
@@ -208,14 +177,15 @@ def _record_into(
     _remove_empty_dirs(out / "images")  # LeRobot's scratch folder for PNG frames, empty once embedded
     if len(kept) < episodes:
         raise ValueError(
-            f"the {task} expert succeeded in only {len(kept)} of {len(tried)} attempts "
+            f"the {env.name} expert succeeded in only {len(kept)} of {len(tried)} attempts "
             f"(seeds {seed}..{seed + len(tried) - 1}); record fewer episodes or pass --keep-failed"
         )
 
     seconds = time.perf_counter() - started
     tried_stats = summarize(tried)
+    family, task = env.name.split("/")
     summary = {
-        "env": "metaworld",
+        "env": family,
         "task": task,
         "task_text": env.task_text,
         "episodes": len(kept),
@@ -228,12 +198,12 @@ def _record_into(
         "failed_seeds": [r.seed for r in tried if not r.success],
         "seed_start": seed,
         "keep_failed": keep_failed,
-        "action_noise": action_noise,
-        "images": images,
-        "image_size": image_size if images else None,
-        "camera": camera if images else None,
+        "action_noise": expert.sigma,
+        "images": bool(cameras),
+        "image_size": env.features[cameras[0]]["shape"][0] if cameras else None,
+        "cameras": cameras,
         "fps": env.fps,
-        "max_steps": max_steps,
+        "max_steps": env.max_steps,
         "seconds": round(seconds, 3),
         "steps_per_s": round(sum(r.length for r in tried) / max(seconds, 1e-9), 1),
     }
@@ -245,39 +215,23 @@ class NoisyExpert:
     """An expert whose executed actions carry Gaussian noise (DART); ``label`` is its clean action for the last
     observation, the one a dataset should store. With ``sigma=0`` it is the expert itself."""
 
-    def __init__(self, expert: ExpertPolicy, sigma: float):
+    def __init__(self, expert: Expert, sigma: float):
         self.expert, self.sigma = expert, float(sigma)
         self.rng = np.random.default_rng(0)
-        self.label = np.zeros(ACTION_DIM, dtype=np.float32)
+        self.label = None
 
-    def seed(self, seed: int) -> None:
-        """Noise for the episode on ``seed``: its own stream, so each episode reproduces on its own."""
+    def reset(self, seed: int) -> None:
+        """Start the episode on ``seed``: the expert's own reset, and a noise stream of its own for that seed, so
+        each episode reproduces on its own."""
+        self.expert.reset(seed)
         self.rng = np.random.default_rng([int(seed), 0xDA27])
 
     def __call__(self, obs: dict[str, Any]) -> np.ndarray:
-        clean = self.expert(obs)  # float32 [1, 4], clipped
+        clean = np.asarray(self.expert(obs), dtype=np.float32)  # [1, D], clipped to the action range
         self.label = clean[0].copy()
         if self.sigma == 0.0:
             return clean
         return np.clip(clean + self.rng.normal(0.0, self.sigma, clean.shape), -1.0, 1.0).astype(np.float32)
-
-    def reset(self) -> None:
-        self.expert.reset()
-
-
-def _features(env: MetaWorldEnv, images: bool, image_size: int) -> dict[str, dict]:
-    """The LeRobot feature spec of a recording."""
-    features: dict[str, dict] = {
-        "observation.state": {"dtype": "float32", "shape": (STATE_DIM,), "names": STATE_NAMES},
-        "action": {"dtype": "float32", "shape": (ACTION_DIM,), "names": ACTION_NAMES},
-    }
-    if images:
-        features[env.image_key] = {
-            "dtype": "image",  # PNG frames inside the parquet files: exact pixels, no video codec involved
-            "shape": (image_size, image_size, 3),
-            "names": ["height", "width", "channels"],
-        }
-    return features
 
 
 def _write_recording_json(out: Path, summary: dict[str, Any]) -> None:
@@ -289,10 +243,23 @@ def _write_recording_json(out: Path, summary: dict[str, Any]) -> None:
             versions[package] = version(package)
         except PackageNotFoundError:
             versions[package] = None
-    content = {"format": RECORDING_FORMAT, **summary, "versions": versions}
+    content = {"format_version": RECORDING_FORMAT, **summary, "versions": versions}
     content.pop("seconds", None)  # machine-dependent: keep the file reproducible
     content.pop("steps_per_s", None)
-    (out / RECORDING_FILE).write_text(json.dumps(content, indent=2) + "\n")
+    write_json(out / RECORDING_FILE, content)
+
+
+def read_recording(root: str | Path) -> dict[str, Any] | None:
+    """``meta/recording.json`` of a dataset ``record`` made, or None for a dataset made elsewhere."""
+    path = Path(root) / RECORDING_FILE
+    if not path.is_file():
+        return None
+    content = read_json(path, "recording")
+    content.setdefault("format_version", content.pop("format", RECORDING_FORMAT))  # files before the rename
+    if content["format_version"] != RECORDING_FORMAT:
+        raise ValueError(f"{path} has format_version {content['format_version']!r}; this version reads "
+                         f"{RECORDING_FORMAT}: record the dataset again")  # fmt: skip
+    return content
 
 
 def _remove_empty_dirs(folder: Path) -> None:
@@ -305,20 +272,9 @@ def _remove_empty_dirs(folder: Path) -> None:
         folder.rmdir()
 
 
-def _move_into_place(partial: Path, root: Path) -> None:
-    """Rename the finished dataset to ``root``; an existing ``root`` (overwrite) goes only after that."""
-    if not root.exists():
-        os.replace(partial, root)
-        return
-    old = root.parent / f".{root.name}.old-{os.getpid()}"
-    os.replace(root, old)
-    os.replace(partial, root)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def ensure_dataset(
     root: str | Path = DEFAULT_DATASET_ROOT,
-    task: str = DEFAULT_TASK,
+    env_name: str = DEFAULT_ENV,
     episodes: int = DEFAULT_EPISODES,
     *,
     action_noise: float = DEFAULT_ACTION_NOISE,
@@ -331,20 +287,20 @@ def ensure_dataset(
     is recorded again in its place; a dataset without ``meta/recording.json`` (not ours) is used as it is.
     """
     root = Path(root)
-    wanted = {"task": check_task(task), "episodes": int(episodes), "action_noise": float(action_noise)}
+    family, task = env_name.split("/") if env_name.count("/") == 1 else (None, None)
+    split_name(env_name)
+    wanted = {"env": family, "task": task, "episodes": int(episodes), "action_noise": float(action_noise)}
     if (root / "meta" / "info.json").is_file():
-        recording_path = root / RECORDING_FILE
-        if not recording_path.is_file():
+        recorded = read_recording(root)
+        if recorded is None:
             return root
-        recorded = json.loads(recording_path.read_text())
-        have = {"task": recorded.get("task"), "episodes": recorded.get("episodes"),
-                "action_noise": float(recorded.get("action_noise", 0.0))}  # fmt: skip
+        have = {k: recorded.get(k) for k in wanted}
+        have["action_noise"] = float(have["action_noise"] or 0.0)
         if have == wanted:
             return root
         changed = ", ".join(f"{k} {have[k]} -> {wanted[k]}" for k in wanted if have[k] != wanted[k])
         log(f"{root} was recorded with other settings ({changed}); recording it again")
     else:
-        log(f"recording {episodes} {task} expert episodes into {root}")
-    record(task, episodes, root, action_noise=action_noise, overwrite=True, progress=progress)
+        log(f"recording {episodes} {env_name} expert episodes into {root}")
+    record(env_name, episodes, root, action_noise=action_noise, overwrite=True, progress=progress)
     return root
-

@@ -1,10 +1,9 @@
-"""Closed-loop rollouts: run a chunk policy in a simulator on fixed seeds and report how it did.
+"""Closed-loop rollouts: run a chunk policy in any ``vla.sim.Env`` on fixed seeds and report how it did.
 
 A policy is any callable ``policy_fn(obs) -> actions [T, D]`` (numpy or torch; a single action [D] is
-read as T = 1), optionally with a ``reset()`` called before each episode. The helper executes the first
-``n_action_steps`` actions of each chunk (all of them when None), then asks again. An episode ends on
-success or at ``max_steps``; recording (``vla.sim.record``) uses the same loop, so the expert scores the
-same here as it did there on the same seeds.
+read as T = 1). The loop executes the first ``n_action_steps`` actions of each chunk (all of them when None),
+then asks again. An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
+evaluation (``vla.evaluate``) use the same loop, so the expert scores the same here as it did there.
 """
 
 from __future__ import annotations
@@ -15,13 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vla.sim.metaworld_env import (
-    ACTION_DIM,
-    DEFAULT_CAMERA,
-    DEFAULT_MAX_STEPS,
-    EVAL_SEED_START,
-    MetaWorldEnv,
-)
+from vla.sim import Env
 
 Policy = Callable[[dict[str, Any]], Any]
 # A batch policy: a list of observations -> actions [B, T, D] (numpy or torch), one chunk per observation.
@@ -63,7 +56,7 @@ def _as_chunk(actions: Any, action_dim: int) -> np.ndarray:
 
 
 def run_episode(
-    env: MetaWorldEnv,
+    env: Env,
     policy_fn: Policy,
     seed: int,
     *,
@@ -71,15 +64,13 @@ def run_episode(
     on_step: Callable[[dict[str, Any], np.ndarray], None] | None = None,
 ) -> EpisodeResult:
     """One closed-loop episode on ``seed``. ``on_step(obs, action)`` sees each action before it runs."""
-    if hasattr(policy_fn, "reset"):
-        policy_fn.reset()
     step_hook = None if on_step is None else (lambda k, obs, action: on_step(obs, action))
     return run_episodes([env], lambda observations: [policy_fn(observations[0])], [seed],
                         n_action_steps=n_action_steps, on_step=step_hook)[0]  # fmt: skip
 
 
 def run_episodes(
-    envs: list[MetaWorldEnv],
+    envs: list[Env],
     policy_fn: BatchPolicy,
     seeds: list[int] | range,
     *,
@@ -93,16 +84,14 @@ def run_episodes(
     per env. An env that finishes starts the next seed at once. Results come back in the order of ``seeds``.
 
     ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]``; ``on_episode``
-    sees each result as it ends (for a progress bar). A policy with ``reset()`` is reset once, before the first
-    episode: a batch policy must keep no per-episode state (chunks are executed by this loop, not queued in it).
+    sees each result as it ends (for a progress bar). A batch policy must keep no per-episode state: chunks are
+    executed by this loop, not queued in the policy.
     """
     if not envs:
         raise ValueError("run_episodes needs at least one env")
     if n_action_steps is not None and n_action_steps < 1:
         raise ValueError(f"n_action_steps must be at least 1 (or None for whole chunks), got {n_action_steps}")
     seeds = [int(s) for s in seeds]
-    if hasattr(policy_fn, "reset"):
-        policy_fn.reset()
     results: list[EpisodeResult | None] = [None] * len(seeds)
     pending = iter(range(len(seeds)))
     running: list[_Running | None] = [None] * len(envs)  # per env: its episode, or None once seeds run out
@@ -122,7 +111,7 @@ def run_episodes(
             if len(chunks) != len(hungry):
                 raise ValueError(f"the batch policy returned {len(chunks)} chunks for {len(hungry)} observations")
             for e, chunk in zip(hungry, chunks):
-                chunk = _as_chunk(chunk, ACTION_DIM)
+                chunk = _as_chunk(chunk, envs[e].action_dim)
                 running[e].queue = list(chunk[: n_action_steps or len(chunk)])
         for e, run in enumerate(running):
             if run is None:
@@ -142,41 +131,6 @@ def run_episodes(
     return results  # type: ignore[return-value]
 
 
-def rollout(
-    policy_fn: Policy,
-    task: str,
-    *,
-    episodes: int,
-    seed_start: int = EVAL_SEED_START,
-    n_action_steps: int | None = None,
-    max_steps: int = DEFAULT_MAX_STEPS,
-    image_size: int | None = None,
-    camera: str = DEFAULT_CAMERA,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Run ``policy_fn`` for ``episodes`` episodes on seeds ``seed_start, seed_start + 1, ...``.
-
-    Returns ``success_rate``, ``mean_return``, ``mean_length`` and per-episode lists ``successes``,
-    ``returns``, ``lengths``, ``seeds``. Evaluation seeds by default (``EVAL_SEED_START``), which no
-    training recording uses.
-
-    >>> rollout(ExpertPolicy("push-v3"), "push-v3", episodes=10)["success_rate"]  # doctest: +SKIP
-    1.0
-    """
-    if episodes < 1:
-        raise ValueError(f"episodes must be at least 1, got {episodes}")
-    results: list[EpisodeResult] = []
-    with MetaWorldEnv(task, image_size=image_size, camera=camera, max_steps=max_steps) as env:
-        seeds = range(seed_start, seed_start + episodes)
-        if progress:
-            from tqdm import tqdm
-
-            seeds = tqdm(seeds, desc=f"rollout {task}", unit="ep")
-        for seed in seeds:
-            results.append(run_episode(env, policy_fn, seed, n_action_steps=n_action_steps))
-    return summarize(results)
-
-
 def summarize(results: list[EpisodeResult]) -> dict[str, Any]:
     """Aggregate episode results into the rollout report."""
     successes = [r.success for r in results]
@@ -194,4 +148,4 @@ def summarize(results: list[EpisodeResult]) -> dict[str, Any]:
     }
 
 
-__all__ = ["EpisodeResult", "rollout", "run_episode", "run_episodes", "summarize"]
+__all__ = ["EpisodeResult", "run_episode", "run_episodes", "summarize"]

@@ -1,0 +1,67 @@
+"""``vla inspect``: the pictures and the summary for one sample, from a dataset and made up."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import action_tokenizers as at
+from tests.conftest import D, T, fitted_tokenizers
+from vla.policy import VLAConfig, VLAPolicy
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def policy(name: str, state_dim: int = 4, tokenizer: at.ActionTokenizer | None = None) -> VLAPolicy:
+    config = VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu", init_seed=0,
+                       text_words=["Task:", ", State:", ";\n", "Action: ", " push"])  # fmt: skip
+    tokenizer = tokenizer or fitted_tokenizers()[name]
+    return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=at.Normalizer.identity(tokenizer.action_dim),
+                     state_normalizer=at.Normalizer.identity(state_dim))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["fast", "bin"])
+def test_inspect_draws_layout_mask_and_decoding(name, tmp_path):
+    from vla.inspect import inspect_policy
+
+    summary = inspect_policy(policy(name), tmp_path)
+    for png in ("layout.png", "attention_mask.png", "decoding.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    text = (tmp_path / "summary.txt").read_text()
+    assert "CheckBatch" in text and "BuildSequence" in text and "'Task: push, State: " in text
+    tokens = summary["tokens"]
+    assert tokens["state"] == 1 and tokens["action"] >= 1 and tokens["suffix text"] >= 3  # "Action: ", "|", EOS
+    # constrained greedy decoding ends with "|" once the chunk is complete
+    length = fitted_tokenizers()[name].constraint(T, D).max_length
+    assert 1 <= summary["decoding_steps"] <= length + 1
+
+
+def test_token_kinds_mark_padding_and_the_mask_hides_it(tmp_path):
+    from vla.inspect import KINDS, token_kinds
+
+    pol = policy("fast")
+    batch = {"observation.state": np.zeros((2, 4)), "task": ["push", "push the puck"], "action": np.zeros((2, T, D))}
+    from vla.pipeline import run
+
+    seq = run(pol.pipeline.training, batch)["sequence"]
+    kinds = token_kinds(pol, seq)
+    padding = kinds == KINDS.index("padding")
+    assert padding[0].any() and not padding[1].any()  # the shorter task is padded
+    mask = seq.attention_mask.numpy()
+    assert not mask[0][padding[0]].any() and not mask[0][:, padding[0]].any()
+
+
+def test_inspect_on_a_dataset_sample_through_the_cli(tiny_dataset_root, tmp_path, capsys):
+    from vla.cli import main
+
+    from action_tokenizers.synthetic import smooth_chunks
+
+    pol = policy("fast", state_dim=39, tokenizer=at.FASTTokenizer.fit(smooth_chunks(200, T, 4), vocab_size=256))
+    pol.save_pretrained(tmp_path / "policy")
+    assert main(["inspect", "--policy", str(tmp_path / "policy"), "--dataset", str(tiny_dataset_root),
+                 "--index", "3", "--out", str(tmp_path / "out")]) == 0  # fmt: skip
+    assert "wrote layout.png" in capsys.readouterr().out
+    assert (tmp_path / "out" / "attention_mask.png").is_file()
+    assert main(["inspect", "--policy", str(tmp_path / "policy"), "--dataset", str(tiny_dataset_root),
+                 "--index", "100000"]) == 1  # fmt: skip
+    assert "outside the dataset" in capsys.readouterr().err

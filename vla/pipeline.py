@@ -1,0 +1,278 @@
+"""The data pipeline, written once: observation and action in -> normalise -> tokenise -> build the sequence;
+ids out -> detokenise -> unnormalise. Training, evaluation, comparison and serving all run these lists.
+
+Each step is a small frozen dataclass over a *batch* (a dict, the contract below), returning a new dict:
+
+    "observation.state"            float [B, S]          raw, then normalised by Normalize
+    "observation.images.<camera>"  float [B, 3, H, W]    in [0, 1] (uint8 accepted), one per camera
+    "task"                         list[str], B          the instruction
+    "action"                       float [B, T, D]       raw, then normalised (training), or decoded (outputs)
+    "action_is_pad"                bool [B, T]           past the episode's end (reported only)
+    "images"                       float [B, N, 3, S, S] the cameras stacked and resized (StackImages)
+    "action_ids"                   list[list[int]]       action-tokenizer ids (TokenizeActions, or generated)
+    "sequence"                     vla.sequence.Sequence the packed rows the model reads (BuildSequence/BuildPrompt)
+    "valid", "errors"              bool [B], list         per chunk: decoded validly, and why not (outputs)
+
+``Pipeline.training`` runs in DataLoader workers through ``Collate`` (a ``collate_fn`` that returns the packed
+batch), so ``policy.forward`` only moves tensors and computes the loss; ``step_through`` yields every
+intermediate for debugging (``vla inspect`` draws them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import action_tokenizers as at
+from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
+
+from .names import suggestion
+from .sequence import SequenceLayout
+
+Batch = dict[str, Any]
+IMAGE_PREFIX = OBS_IMAGES + "."
+IMAGES, ACTION_IDS, SEQUENCE = "images", "action_ids", "sequence"
+
+
+class Transform(Protocol):
+    def __call__(self, batch: Batch) -> Batch: ...
+
+
+# --- in ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckBatch:
+    """A batch as the pipeline needs it: state float64 [B, S], one task string per row, the cameras, and (in
+    training) action chunks [B, T, D]. Anything else is a clear error here, before any work."""
+
+    state_dim: int
+    image_keys: tuple[str, ...]
+    time_horizon: int
+    action_dim: int
+    actions: bool  # True in training (chunks required); False for prompts (any action key is dropped)
+
+    def __call__(self, batch: Batch) -> Batch:
+        if not isinstance(batch, dict):
+            raise ValueError(f"the batch must be a dict of arrays, got {type(batch).__name__}")
+        state = _numpy(batch, OBS_STATE)
+        state = state[None] if state.ndim == 1 else state
+        if state.ndim != 2 or state.shape[1] != self.state_dim:
+            raise ValueError(
+                f"batch['{OBS_STATE}'] has shape {tuple(state.shape)} but the policy was trained on a "
+                f"{self.state_dim}-D state; pass [B, {self.state_dim}] (was the robot or the state key changed?)"
+            )
+        if not np.isfinite(state).all():
+            row = int(np.flatnonzero(~np.isfinite(state).all(axis=1))[0])
+            raise ValueError(f"batch['{OBS_STATE}'] holds NaN or inf (row {row}); check the robot's state reading")
+        tasks = batch.get("task")
+        if tasks is None:
+            raise ValueError("the batch lacks 'task' (the instruction, a string per sample); add e.g. batch['task'] = ['push']")
+        tasks = [tasks] * len(state) if isinstance(tasks, str) else list(tasks)
+        if len(tasks) != len(state):
+            raise ValueError(f"batch['task'] holds {len(tasks)} strings for {len(state)} states; pass one per sample")
+        for key in self.image_keys:
+            if key not in batch:
+                cams = [k for k in batch if str(k).startswith(IMAGE_PREFIX)]
+                raise ValueError(
+                    f"the observation lacks camera {key!r}, which the policy was trained with{suggestion(key, cams)} "
+                    f"(cameras present: {', '.join(cams) or 'none'})"
+                )
+        out = {**batch, OBS_STATE: state, "task": tasks}
+        out.pop(ACTION, None)
+        if self.actions:
+            actions = _numpy(batch, ACTION)
+            t, d = self.time_horizon, self.action_dim
+            if actions.ndim != 3 or actions.shape[1:] != (t, d):
+                raise ValueError(
+                    f"batch['{ACTION}'] has shape {tuple(actions.shape)}, expected [B, {t}, {d}]; load the dataset "
+                    f"with delta_timestamps for {t} action steps (config.action_delta_indices)"
+                )
+            if len(actions) != len(state):
+                raise ValueError(f"batch['{ACTION}'] holds {len(actions)} chunks for {len(state)} observations")
+            if not np.isfinite(actions).all():
+                row = int(np.flatnonzero(~np.isfinite(actions).all(axis=(1, 2)))[0])
+                raise ValueError(f"batch['{ACTION}'] holds NaN or inf (chunk {row}); clean the dataset's actions")
+            out[ACTION] = actions
+        return out
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """Raw state and actions -> normalised (q01..q99 -> [-1, 1] by default), each when present."""
+
+    state: at.Normalizer | None
+    action: at.Normalizer
+
+    def __call__(self, batch: Batch) -> Batch:
+        out = dict(batch)
+        if self.state is not None and OBS_STATE in batch:
+            out[OBS_STATE] = self.state.normalize(batch[OBS_STATE])
+        if ACTION in batch:
+            out[ACTION] = self.action.normalize(batch[ACTION])
+        return out
+
+
+@dataclass(frozen=True)
+class StackImages:
+    """The cameras -> ``images`` float [B, N, 3, size, size] in [0, 1] (resized); nothing without cameras."""
+
+    keys: tuple[str, ...]
+    size: int
+
+    def __call__(self, batch: Batch) -> Batch:
+        if not self.keys:
+            return batch
+        b = len(batch[OBS_STATE])
+        return {**batch, IMAGES: torch.stack([self._one(batch[k], k, b) for k in self.keys], dim=1)}
+
+    def _one(self, image: Any, key: str, b: int) -> torch.Tensor:
+        img = torch.as_tensor(np.asarray(image) if not isinstance(image, torch.Tensor) else image)
+        img = img[None] if img.ndim == 3 else img
+        if img.ndim != 4 or img.shape[0] != b or img.shape[1] != 3:
+            raise ValueError(f"batch['{key}'] has shape {tuple(img.shape)}; expected [B={b}, 3, H, W] (channels first)")
+        img = img.float() / 255.0 if img.dtype == torch.uint8 else img.float()
+        if not torch.isfinite(img).all():
+            raise ValueError(f"batch['{key}'] holds NaN or inf; check the camera")
+        if img.shape[-2:] != (self.size, self.size):
+            img = F.interpolate(img, size=(self.size, self.size), mode="bilinear", antialias=True)
+        return img
+
+
+@dataclass(frozen=True)
+class TokenizeActions:
+    """Normalised chunks [B, T, D] -> ``action_ids``."""
+
+    tokenizer: at.ActionTokenizer
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {**batch, ACTION_IDS: self.tokenizer.encode(batch[ACTION])}
+
+
+@dataclass(frozen=True)
+class BuildSequence:
+    """Training rows: prefix + ``"Action: "`` + ids + ``"|"`` + EOS, right-padded (loss on the suffix)."""
+
+    layout: SequenceLayout
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {**batch, SEQUENCE: self.layout.build_training_sequence(batch["task"], batch[OBS_STATE], batch[ACTION_IDS])}
+
+
+@dataclass(frozen=True)
+class BuildPrompt:
+    """Inference rows: prefix + ``"Action: "``, left-padded, for ``vla.decode.generate``."""
+
+    layout: SequenceLayout
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {**batch, SEQUENCE: self.layout.build_prefix(batch["task"], batch[OBS_STATE])}
+
+
+# --- out -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DetokenizeActions:
+    """``action_ids`` -> normalised chunks [B, T, D]; ``valid`` is the generation's and the tokenizer's verdict.
+    Invalid rows are NaN (the tokenizer's ``mark`` mode): the policy decides the fallback and counts it."""
+
+    tokenizer: at.ActionTokenizer
+    time_horizon: int
+    action_dim: int
+
+    def __call__(self, batch: Batch) -> Batch:
+        out = self.tokenizer.decode(batch[ACTION_IDS], self.time_horizon, self.action_dim, mode="mark")
+        valid = out.valid & np.asarray(batch.get("valid", True), dtype=bool)
+        errors = [g or t for g, t in zip(batch.get("errors") or [None] * len(valid), out.errors)]
+        actions = out.actions.copy()
+        actions[~valid] = np.nan
+        return {**batch, ACTION: actions, "valid": valid, "errors": errors}
+
+
+@dataclass(frozen=True)
+class Unnormalize:
+    """Normalised chunks -> raw units (NaN rows stay NaN)."""
+
+    action: at.Normalizer
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {**batch, ACTION: self.action.unnormalize(batch[ACTION])}
+
+
+# --- the lists -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pipeline:
+    """The three lists of one policy: ``training`` (sample batch -> packed sequence), ``prompt`` (observation
+    -> prompt) and ``outputs`` (generated ids -> raw chunks)."""
+
+    training: tuple[Transform, ...]
+    prompt: tuple[Transform, ...]
+    outputs: tuple[Transform, ...]
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        tokenizer: at.ActionTokenizer,
+        state_normalizer: at.Normalizer,
+        action_normalizer: at.Normalizer,
+        layout: SequenceLayout,
+        state_dim: int,
+        time_horizon: int,
+        action_dim: int,
+        image_keys: Sequence[str] = (),
+        image_size: int = 0,
+    ) -> Pipeline:
+        shapes = (state_dim, tuple(image_keys), time_horizon, action_dim)
+        normalize = Normalize(state_normalizer, action_normalizer)
+        images = StackImages(tuple(image_keys), image_size)
+        return cls(
+            training=(CheckBatch(*shapes, actions=True), normalize, images, TokenizeActions(tokenizer),
+                      BuildSequence(layout)),
+            prompt=(CheckBatch(*shapes, actions=False), normalize, images, BuildPrompt(layout)),
+            outputs=(DetokenizeActions(tokenizer, time_horizon, action_dim), Unnormalize(action_normalizer)),
+        )
+
+    def step_through(self, batch: Batch, direction: str = "training") -> Iterator[tuple[str, Batch]]:
+        """Every intermediate of ``direction`` (``training``, ``prompt`` or ``outputs``): (step name, batch)."""
+        for step in getattr(self, direction):
+            batch = step(batch)
+            yield type(step).__name__, batch
+
+
+def run(steps: Sequence[Transform], batch: Batch) -> Batch:
+    for step in steps:
+        batch = step(batch)
+    return batch
+
+
+@dataclass(frozen=True)
+class Collate:
+    """A DataLoader ``collate_fn``: samples -> one batch -> the training steps, so tokenising and packing run in
+    the loader's workers. Returns only what the model needs: ``sequence``, ``images`` and a few numbers to log."""
+
+    steps: tuple[Transform, ...]
+
+    def __call__(self, samples: list[Batch]) -> Batch:
+        return packed(run(self.steps, torch.utils.data.default_collate(samples)))
+
+
+def packed(batch: Batch) -> Batch:
+    """A batch after the training steps -> what the model reads (``sequence``, ``images``) and a few numbers to log."""
+    out = {SEQUENCE: batch[SEQUENCE], "tokens_per_chunk": torch.tensor([len(r) for r in batch[ACTION_IDS]]).float().mean()}
+    if IMAGES in batch:
+        out[IMAGES] = batch[IMAGES]
+    if "action_is_pad" in batch:
+        out["action_pad_fraction"] = torch.as_tensor(batch["action_is_pad"]).float().mean()
+    return out
+
+
+def _numpy(batch: Batch, key: str) -> np.ndarray:
+    if key not in batch:
+        raise ValueError(f"the batch lacks {key!r}{suggestion(key, map(str, batch))} (keys: {', '.join(map(str, batch))})")
+    value = batch[key]
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().double().numpy()
+    return np.asarray(value, dtype=np.float64)

@@ -1,0 +1,8 @@
+"""The VLA policy in LeRobot's layout: ``configuration_vla`` (``VLAConfig``, registered on LeRobot's policy
+registry as ``vla``), ``modeling_vla`` (``VLAPolicy``), ``processor_vla`` (LeRobot's processor pipelines)."""
+
+from vla.policy.configuration_vla import VLAConfig
+from vla.policy.modeling_vla import DecodeInfo, DecodeStats, VLAPolicy
+from vla.policy.processor_vla import lerobot_eval, lerobot_train, make_vla_pre_post_processors
+
+__all__ = ["DecodeInfo", "DecodeStats", "VLAConfig", "VLAPolicy", "lerobot_eval", "lerobot_train", "make_vla_pre_post_processors"]

@@ -1,0 +1,194 @@
+"""The policy's configuration: one dataclass, validated once, read by ``vla train`` (as ``policy:`` in a training
+config), by LeRobot's trainer (``--policy.type=vla --policy.<field>=...``) and saved as the policy's ``config.json``.
+
+Its defaults are the measured recipe for a model trained from scratch on CPU (the state as an embedding, 10-step
+chunks of which 5 run, lr 3e-3 with 100 warm-up steps and a cosine decay over 3000): whichever trainer runs it
+gets the configuration the README's figures were measured with. The optimiser and schedule are LeRobot's presets
+(``get_optimizer_preset`` / ``get_scheduler_preset``), used by both trainers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature, PreTrainedConfig
+from lerobot.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
+from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
+
+from action_tokenizers.normalize import NORM_MODES
+from vla.model import PRESETS
+from vla.names import suggestion
+from vla.sequence import STATE_ENCODINGS
+
+IMAGE_PREFIX = OBS_IMAGES + "."
+DTYPES = ("float32", "bfloat16")
+
+
+@PreTrainedConfig.register_subclass("vla")
+@dataclass
+class VLAConfig(PreTrainedConfig):
+    """The policy's configuration. Every field can be set from LeRobot's CLI as ``--policy.<field>=...``."""
+
+    push_to_hub: bool = False  # LeRobot's default is True; this project never reaches the network
+
+    # --- backbone -----------------------------------------------------------------------------------------
+    preset: str = "tiny"  # backbone size (vla.model.PRESETS): "tiny" (CPU), "small", "paligemma-3b"
+    backbone_path: str | None = None  # local PaliGemma checkpoint folder (weights + tokenizer.json), for "paligemma-3b"
+    attn_implementation: str = "sdpa"  # transformers attention kernel: "sdpa" or "eager"
+    dtype: str = "float32"  # weights: "float32" or "bfloat16" (GPU)
+    init_seed: int | None = None  # seeds the random initial weights; None uses the global RNG
+
+    # --- shapes -------------------------------------------------------------------------------------------
+    time_horizon: int = 10  # T: actions per predicted chunk (openpi's action_horizon)
+    n_action_steps: int = 5  # actions executed from each chunk before predicting the next (<= time_horizon)
+    action_dim: int | None = None  # D; None = from output_features, the tokenizer or the action normaliser
+    state_dim: int | None = None  # S; None = from input_features or the state normaliser
+    image_keys: list[str] = field(default_factory=list)  # cameras, "observation.images.<cam>"; empty = state + task
+    image_size: int | None = None  # images are resized to this square size; None = the preset's (tiny: 64)
+
+    # --- sequence -----------------------------------------------------------------------------------------
+    max_prefix_len: int = 256  # most text tokens in the prefix (BOS + task + state); longer tasks are cut (logged)
+    # "embedding": an MLP writes the state into the prefix (the CPU recipe); "text": pi0-FAST's integers in the prompt
+    # (what a pretrained language model reads well: use it with paligemma-3b weights)
+    state_encoding: str = "embedding"
+    state_bins: int = 256  # text: the normalised state is written as integers in [0, state_bins)
+    state_tokens: int = 1  # embedding: prefix embeddings the state encoder writes
+    # Compact vocabulary only: words given one id each (vla.sequence.prompt_words: the template's and the tasks').
+    # Training fills it from the dataset's tasks; other text is spelled in bytes. Empty = bytes and numbers only.
+    text_words: list[str] = field(default_factory=list)
+    max_action_tokens: int | None = None  # most action ids generated per chunk; None = the constraint's max_length
+
+    # --- decoding -----------------------------------------------------------------------------------------
+    temperature: float = 0.0  # 0 = greedy; > 0 samples (openpi used 0.7 for bimanual tasks)
+    top_p: float = 1.0  # nucleus sampling mass (with temperature > 0)
+    constrained: bool = True  # mask logits with the tokenizer's constraint (False only for ablations)
+    use_kv_cache: bool = True  # prefill once and decode from the KV cache (False recomputes every step)
+
+    # --- tokenizer and normalisation when LeRobot's factory builds the policy ------------------------------
+    action_tokenizer_path: str | None = None  # folder written by tok.save_pretrained (used when none is passed)
+    action_norm_mode: str = "quantile"  # from dataset stats: "quantile" (q01/q99 -> +-1), "mean_std", "identity"
+    state_norm_mode: str = "quantile"  # same choices, for observation.state
+    # LeRobot's processors must not normalise: the policy does it with its own normalisers (above).
+    normalization_mapping: dict[str, NormalizationMode] = field(
+        default_factory=lambda: {
+            "VISUAL": NormalizationMode.IDENTITY,
+            "STATE": NormalizationMode.IDENTITY,
+            "ACTION": NormalizationMode.IDENTITY,
+        }
+    )
+
+    # --- optimiser and schedule: LeRobot's AdamW and cosine-with-warm-up presets, used by `vla train` too -------
+    # The FAST paper's AdamW (0.9, 0.95), clipping at 1; a high lr for a small model trained from scratch (the
+    # 3B fine-tuning recipe is 2.5e-5 to 5e-5 after 1000 warm-up steps: configs/paligemma-3b.yaml).
+    optimizer_lr: float = 3e-3  # peak learning rate, reached after the warm-up
+    optimizer_betas: tuple[float, float] = (0.9, 0.95)
+    optimizer_eps: float = 1e-8
+    optimizer_weight_decay: float = 0.01
+    optimizer_grad_clip_norm: float = 1.0  # max gradient norm
+    scheduler_warmup_steps: int = 100  # linear warm-up from lr / (warmup + 1) to lr
+    scheduler_decay_steps: int = 3000  # cosine decay from lr (counted from step 0) to decay_lr; flat after
+    scheduler_decay_lr: float = 3e-4  # the learning rate at the end of the decay
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset {self.preset!r} is unknown{suggestion(self.preset, PRESETS, 0.4)}; "
+                             f"choose one of {', '.join(PRESETS)}")  # fmt: skip
+        if self.backbone_path is not None and self.preset != "paligemma-3b":
+            raise ValueError(f"backbone_path is set but preset is {self.preset!r}; set preset='paligemma-3b'")
+        _check(self.attn_implementation in ("sdpa", "eager"), "attn_implementation", self.attn_implementation,
+               "use 'sdpa' or 'eager'")  # fmt: skip
+        _check(self.dtype in DTYPES, "dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
+        _check(self.optimizer_lr > 0, "optimizer_lr", self.optimizer_lr, "use a positive learning rate (3e-3 for tiny)")
+        _check(self.optimizer_grad_clip_norm > 0, "optimizer_grad_clip_norm", self.optimizer_grad_clip_norm,
+               "use a positive norm (1.0 is the FAST paper's)")  # fmt: skip
+        _check(len(self.optimizer_betas) == 2 and all(0 <= b < 1 for b in self.optimizer_betas), "optimizer_betas",
+               self.optimizer_betas, "use two numbers in [0, 1), e.g. (0.9, 0.95)")  # fmt: skip
+        _check(self.scheduler_warmup_steps >= 0, "scheduler_warmup_steps", self.scheduler_warmup_steps, "use >= 0")
+        _check(self.scheduler_decay_steps >= 1, "scheduler_decay_steps", self.scheduler_decay_steps, "use >= 1")
+        _check(0 <= self.scheduler_decay_lr <= self.optimizer_lr, "scheduler_decay_lr", self.scheduler_decay_lr,
+               f"use a value in [0, optimizer_lr = {self.optimizer_lr}]")  # fmt: skip
+        _check(self.time_horizon >= 1, "time_horizon", self.time_horizon, "use a positive number of steps")
+        _check(1 <= self.n_action_steps <= self.time_horizon, "n_action_steps", self.n_action_steps,
+               f"use 1 <= n_action_steps <= time_horizon ({self.time_horizon})")  # fmt: skip
+        for name in ("action_dim", "state_dim", "image_size", "max_action_tokens"):
+            value = getattr(self, name)
+            _check(value is None or value >= 1, name, value, "use a positive integer or leave it unset (None)")
+        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX) or k == IMAGE_PREFIX]
+        _check(not bad, "image_keys", bad, f"name cameras by their full key, e.g. '{IMAGE_PREFIX}front'")
+        unique = len(set(self.image_keys)) == len(self.image_keys)
+        _check(unique, "image_keys", self.image_keys, "list each camera once")
+        _check(self.max_prefix_len >= 16, "max_prefix_len", self.max_prefix_len, "use at least 16 (256 is typical)")
+        _check(self.state_bins >= 2, "state_bins", self.state_bins, "use at least 2 (256 is openpi's)")
+        _check(self.state_encoding in STATE_ENCODINGS, "state_encoding", self.state_encoding,
+               f"use one of {', '.join(STATE_ENCODINGS)}")  # fmt: skip
+        _check(self.state_tokens >= 1, "state_tokens", self.state_tokens, "use a positive number (1 is typical)")
+        _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
+        _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")
+        for name in ("action_norm_mode", "state_norm_mode"):
+            mode = getattr(self, name)
+            _check(mode in NORM_MODES, name, mode, f"use one of {', '.join(NORM_MODES)}")
+        self.optimizer_betas = tuple(self.optimizer_betas)  # YAML gives a list
+
+    # --- what LeRobot asks of a policy config ---------------------------------------------------------------
+    @property
+    def observation_delta_indices(self) -> None:
+        return None  # the current observation only
+
+    @property
+    def action_delta_indices(self) -> list[int]:
+        return list(range(self.time_horizon))  # the chunk: actions t .. t + T - 1
+
+    @property
+    def reward_delta_indices(self) -> None:
+        return None
+
+    def get_optimizer_preset(self) -> AdamWConfig:
+        return AdamWConfig(
+            lr=self.optimizer_lr,
+            betas=self.optimizer_betas,
+            eps=self.optimizer_eps,
+            weight_decay=self.optimizer_weight_decay,
+            grad_clip_norm=self.optimizer_grad_clip_norm,
+        )
+
+    def get_scheduler_preset(self) -> CosineDecayWithWarmupSchedulerConfig:
+        return CosineDecayWithWarmupSchedulerConfig(
+            peak_lr=self.optimizer_lr,
+            decay_lr=self.scheduler_decay_lr,
+            num_warmup_steps=self.scheduler_warmup_steps,
+            num_decay_steps=self.scheduler_decay_steps,
+        )
+
+    def validate_features(self) -> None:
+        """Reconcile the dimensions with LeRobot's features, filling whichever side is missing."""
+        self.input_features = dict(self.input_features or {})
+        self.output_features = dict(self.output_features or {})
+        self._reconcile_dim(self.input_features, OBS_STATE, FeatureType.STATE, "state_dim")
+        self._reconcile_dim(self.output_features, ACTION, FeatureType.ACTION, "action_dim")
+        visual = [k for k, ft in self.input_features.items() if ft.type is FeatureType.VISUAL]
+        for key in self.image_keys:
+            if key in self.input_features:
+                continue
+            if visual:  # the data names its cameras: an unknown one is a typo, not a new camera
+                raise ValueError(f"image_keys has {key!r}, which the data lacks{suggestion(key, visual)} "
+                                 f"(cameras: {', '.join(visual)})")  # fmt: skip
+            size = self.image_size or PRESETS[self.preset].image_size
+            self.input_features[key] = PolicyFeature(FeatureType.VISUAL, (3, size, size))
+
+    def _reconcile_dim(self, features: dict, key: str, kind: FeatureType, name: str) -> None:
+        """The data's feature sets ``name`` (which must agree if set); without one, ``name`` creates the feature."""
+        feature, value = features.get(key), getattr(self, name)
+        if feature is not None:
+            n = int(feature.shape[-1])
+            what = key.rsplit(".", 1)[-1]
+            _check(value in (None, n), name, value, f"the data's {what} is {n}-D; set {n}")
+            setattr(self, name, n)
+        elif value is not None:
+            features[key] = PolicyFeature(kind, (value,))
+
+
+def _check(ok: bool, name: str, value: Any, fix: str) -> None:
+    if not ok:
+        raise ValueError(f"VLAConfig.{name} = {value!r} is invalid: {fix}")

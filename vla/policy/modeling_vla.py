@@ -1,0 +1,386 @@
+"""The policy: a LeRobot ``PreTrainedPolicy`` that owns the prefix-LM, the action tokenizer, the normalisers and
+the data pipeline (``vla.pipeline``) built from them.
+
+    policy = VLAPolicy(VLAConfig(time_horizon=10, n_action_steps=5, image_keys=["observation.images.corner2"]),
+                       action_tokenizer=tok, action_normalizer=a_norm, state_normalizer=s_norm)
+    loss, metrics = policy.forward(batch)            # a packed batch (policy.pipeline's Collate) or a raw one
+    chunk = policy.predict_action_chunk(obs)         # [B, T, D] raw units
+    action = policy.select_action(obs)               # [B, D], from a queue refilled every n_action_steps
+    policy.save_pretrained("ckpt/"); policy = VLAPolicy.from_pretrained("ckpt/")
+
+``vla train`` packs batches in its DataLoader workers with ``policy.pipeline``'s training steps, so ``forward``
+only moves tensors and computes the loss; a raw LeRobot batch (``observation.state``, cameras, ``task``,
+``action`` [B, T, D]; LeRobot's own trainer) runs the same steps here first.
+
+An invalid decode (possible only with ``constrained=False``) never passes silently: the row falls back to repeating
+the previously executed action (or the normalised zero action, i.e. the middle of the data's range, before any
+action was executed), is counted in ``policy.decode_stats`` and logged.
+
+Saved files (``save_pretrained``, written to a temporary folder and renamed into place):
+    config.json              the VLAConfig (LeRobot's format, with "type": "vla")
+    model.safetensors        the weights
+    backbone_config.json     the exact PaliGemmaConfig, so loading never depends on preset definitions
+    action_tokenizer/        tok.save_pretrained
+    action_normalizer.json, state_normalizer.json
+    text_tokenizer/          only for the PaliGemma vocabulary (a copy of the Gemma tokenizer.json)
+    policy_{pre,post}processor.json   LeRobot's processor pipelines (vla.policy.processor_vla), for lerobot-eval
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lerobot.configs import PreTrainedConfig
+from lerobot.policies.pretrained import PreTrainedPolicy
+from lerobot.utils.constants import ACTION, OBS_STATE
+from safetensors.torch import load_model, save_model
+
+import action_tokenizers as at
+from vla.decode import VocabConstraint, generate
+from vla.io import atomic_directory, read_json, write_json
+from vla.model import build_model
+from vla.pipeline import ACTION_IDS, IMAGES, SEQUENCE, Pipeline, packed, run
+from vla.policy.configuration_vla import VLAConfig
+from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors
+from vla.sequence import PALIGEMMA_TEXT_VOCAB, SequenceLayout, VocabMap
+from vla.text import TEXT_TOKENIZER_DIR, LocalTextTokenizer
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+BACKBONE_CONFIG_FILE = "backbone_config.json"
+TOKENIZER_DIR = "action_tokenizer"
+ACTION_NORMALIZER_FILE = "action_normalizer.json"
+STATE_NORMALIZER_FILE = "state_normalizer.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MANIFEST_FILE = "vla_policy.json"  # {"format_version": ...}: checked on every load
+FORMAT_VERSION = 1
+
+
+@dataclass
+class DecodeStats:
+    """Running counts over every predicted chunk: nothing falls back silently."""
+
+    chunks: int = 0
+    invalid: int = 0  # chunks that did not decode (only possible with constrained=False)
+    fallback_previous: int = 0  # ... replaced by the previously executed action, repeated
+    fallback_zero: int = 0  # ... replaced by the normalised zero action (no previous action known)
+    tokens: int = 0  # action ids generated for valid chunks
+
+    @property
+    def valid_rate(self) -> float:
+        return 1.0 - self.invalid / self.chunks if self.chunks else 1.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "valid_rate": self.valid_rate}
+
+
+@dataclass
+class DecodeInfo:
+    """About the last ``predict_action_chunk`` call, per chunk. Readable as attributes or keys (``info["valid"]``)."""
+
+    valid: np.ndarray  # bool [B]
+    tokens_per_chunk: np.ndarray  # int [B], action ids generated
+    errors: list[str | None]
+    latency_ms: float  # prompt building + decoding + detokenising, whole batch
+    steps: int  # decoding steps (forward passes after the prefill)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(f"{key!r}; DecodeInfo holds {', '.join(self.__dataclass_fields__)}")
+        return getattr(self, key)
+
+
+class VLAPolicy(PreTrainedPolicy):
+    """PaliGemma-style prefix-LM over discrete action tokens, with LeRobot's policy interface."""
+
+    config_class = VLAConfig
+    name = "vla"
+
+    def __init__(
+        self,
+        config: VLAConfig,
+        *,
+        action_tokenizer: at.ActionTokenizer | None = None,
+        action_normalizer: at.Normalizer | None = None,
+        state_normalizer: at.Normalizer | None = None,
+        dataset_stats: dict[str, dict[str, Any]] | None = None,
+        text_tokenizer_dir: str | Path | None = None,
+        backbone_config: dict | None = None,
+        **_: Any,  # LeRobot's factory also passes dataset_meta
+    ):
+        super().__init__(config)
+        if action_tokenizer is None:
+            action_tokenizer = _tokenizer_from_config(config)
+        if action_normalizer is None:
+            action_normalizer = _from_stats(dataset_stats, ACTION, config.action_norm_mode)
+        if state_normalizer is None:
+            state_normalizer = _from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
+        self.action_tokenizer = action_tokenizer
+        self.action_normalizer = action_normalizer
+        self.state_normalizer = state_normalizer
+        self._resolve_dims()
+        config.validate_features()
+        t, d = config.time_horizon, config.action_dim
+
+        # The vocabulary: compact (bytes + actions) or PaliGemma's own, read from a local folder.
+        text_dir = text_tokenizer_dir or config.backbone_path
+        if text_dir is None:
+            self.vocab = VocabMap.compact(self.action_tokenizer.vocab_size, words=config.text_words)
+        else:
+            text = LocalTextTokenizer(text_dir, size=PALIGEMMA_TEXT_VOCAB)
+            self.vocab = VocabMap.paligemma(text, self.action_tokenizer.vocab_size)
+        self.model = build_model(
+            config.preset,
+            self.vocab,
+            image_size=config.image_size,
+            num_cameras=len(config.image_keys),
+            pretrained_path=config.backbone_path if backbone_config is None else None,
+            backbone_config=backbone_config,
+            attn_implementation=config.attn_implementation,
+            dtype=DTYPES[config.dtype],
+            seed=config.init_seed,
+            state_dim=config.state_dim,
+            state_tokens=config.state_tokens if config.state_encoding == "embedding" else 0,
+        )
+        self.layout = SequenceLayout(
+            self.vocab,
+            image_tokens=self.model.image_tokens,
+            num_cameras=len(config.image_keys),
+            max_prefix_len=config.max_prefix_len,
+            state_bins=config.state_bins,
+            state_encoding=config.state_encoding,
+            state_tokens=config.state_tokens,
+        )
+        self.constraint = VocabConstraint(self.action_tokenizer.constraint(time_horizon=t, action_dim=d), self.vocab)
+        self.max_new_tokens = (config.max_action_tokens or self.constraint.max_length) + 1  # + "|"
+        if config.constrained and self.max_new_tokens < self.constraint.max_length + 1:
+            raise ValueError(
+                f"VLAConfig.max_action_tokens = {config.max_action_tokens} can cut constrained chunks (they need up "
+                f"to {self.constraint.max_length} ids); raise it or leave it unset"
+            )
+        # The data flow, both directions, built once from the parts above (vla.pipeline).
+        self.pipeline = Pipeline.build(
+            tokenizer=self.action_tokenizer, state_normalizer=self.state_normalizer,
+            action_normalizer=self.action_normalizer, layout=self.layout, state_dim=config.state_dim,
+            time_horizon=t, action_dim=d, image_keys=config.image_keys, image_size=self.model.image_size,
+        )  # fmt: skip
+        self.decode_stats = DecodeStats()
+        self.last_decode_info: DecodeInfo | None = None
+        self._queue: deque[torch.Tensor] = deque()
+        self._previous_action: torch.Tensor | None = None  # [B, D] raw, the last action select_action returned
+
+    def _resolve_dims(self) -> None:
+        """Fill action_dim / state_dim from whatever knows them, and check everything agrees."""
+        c, tok = self.config, self.action_tokenizer
+        d_sources = {"config": c.action_dim, "action tokenizer": tok.action_dim,
+                     "action normaliser": self.action_normalizer.dim}  # fmt: skip
+        s_sources = {"config": c.state_dim, "state normaliser": self.state_normalizer.dim}
+        for name, sources in (("action_dim", d_sources), ("state_dim", s_sources)):
+            known = {k: int(v) for k, v in sources.items() if v is not None}
+            if len(set(known.values())) > 1:
+                raise ValueError(f"{name} disagrees: {known}; fit the tokenizer and normalisers on the same data")
+            setattr(c, name, next(iter(known.values())))
+        if tok.time_horizon is not None and tok.time_horizon != c.time_horizon:
+            raise ValueError(
+                f"the action tokenizer was fitted on chunks of {tok.time_horizon} steps but VLAConfig.time_horizon "
+                f"is {c.time_horizon}; set time_horizon={tok.time_horizon} or fit a tokenizer on "
+                f"{c.time_horizon}-step chunks"
+            )
+
+    # --- LeRobot's interface --------------------------------------------------------------------------------
+    def get_optim_params(self):
+        return self.parameters()
+
+    def reset(self) -> None:
+        """Call at every episode start: empties the action queue and forgets the previous action."""
+        self._queue.clear()
+        self._previous_action = None
+
+    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Training loss: cross-entropy on the action segment only. ``batch`` is packed (``policy.pipeline``'s
+        ``Collate``: ``sequence``, ``images``) or raw (LeRobot's: the pipeline's training steps run here first).
+        Metrics are 0-d tensors, so nothing waits for the device here; the trainer reads them when it logs."""
+        if SEQUENCE not in batch:
+            batch = packed(run(self.pipeline.training, batch))
+        loss, metrics = self.model.loss(batch[SEQUENCE], batch.get(IMAGES))
+        for key in ("tokens_per_chunk", "action_pad_fraction"):
+            if key in batch:
+                metrics[key] = torch.as_tensor(batch[key]).float()
+        return loss, metrics
+
+    @torch.no_grad()
+    def predict_action_chunk(
+        self, batch: dict[str, Any], generator: torch.Generator | None = None, **_: Any
+    ) -> torch.Tensor:
+        """Action chunks ``[B, T, D]`` in raw units for a batch of observations (``generator``: for sampling)."""
+        start = time.perf_counter()
+        prompt = run(self.pipeline.prompt, batch)
+        gen = generate(
+            self.model,
+            prompt[SEQUENCE],
+            vocab=self.vocab,
+            constraint=self.constraint if self.config.constrained else None,
+            images=prompt.get(IMAGES),
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            use_cache=self.config.use_kv_cache,
+            generator=generator,
+        )
+        out = run(self.pipeline.outputs, {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors})
+        chunks = torch.as_tensor(np.nan_to_num(out[ACTION]), dtype=torch.float32)  # [B, T, D] raw
+        self._fall_back(chunks, out["valid"], out["errors"])
+        self.decode_stats.chunks += len(chunks)
+        self.decode_stats.tokens += int(gen.tokens_per_chunk[out["valid"]].sum())
+        self.last_decode_info = DecodeInfo(
+            valid=out["valid"], tokens_per_chunk=gen.tokens_per_chunk, errors=out["errors"],
+            latency_ms=(time.perf_counter() - start) * 1000, steps=gen.steps,
+        )  # fmt: skip
+        state = batch.get(OBS_STATE)
+        return chunks.to(state.device) if isinstance(state, torch.Tensor) else chunks
+
+    def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None]) -> None:
+        """Replace invalid chunks in place: previous action repeated, else the normalised zero action. Counted."""
+        bad = np.flatnonzero(~valid)
+        if not len(bad):
+            return
+        zero = self.action_normalizer.unnormalize(np.zeros(self.config.action_dim))  # the middle of the data's range
+        zero = torch.as_tensor(zero, dtype=torch.float32)
+        previous = self._previous_action
+        for i in bad:
+            if previous is not None and len(previous) == len(chunks):
+                chunks[i] = previous[i].cpu()
+                self.decode_stats.fallback_previous += 1
+            else:
+                chunks[i] = zero
+                self.decode_stats.fallback_zero += 1
+        self.decode_stats.invalid += len(bad)
+        logger.warning(
+            "%d of %d chunks did not decode (first: %s); fell back to the previous/zero action. decode_stats: %s",
+            len(bad), len(chunks), errors[bad[0]], self.decode_stats.as_dict(),
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def select_action(self, batch: dict[str, Any], **kwargs: Any) -> torch.Tensor:
+        """One action ``[B, D]`` per call; a new chunk is predicted every ``n_action_steps`` calls."""
+        if not self._queue:
+            chunk = self.predict_action_chunk(batch, **kwargs)[:, : self.config.n_action_steps]  # [B, n, D]
+            self._queue.extend(chunk.transpose(0, 1))
+        action = self._queue.popleft()
+        self._previous_action = action
+        return action
+
+    # --- files --------------------------------------------------------------------------------------------
+    def save_pretrained(self, save_directory: str | Path, *, state_dict: dict | None = None, **kwargs: Any) -> None:
+        """Write the policy atomically (a temporary folder renamed into place); nothing needs pickle to load."""
+        if kwargs.get("push_to_hub"):
+            raise ValueError("push_to_hub is not supported (no network); save locally and upload the folder yourself")
+        with atomic_directory(save_directory) as tmp:
+            write_json(tmp / MANIFEST_FILE, {"format_version": FORMAT_VERSION, "type": self.name})
+            self.config._save_pretrained(tmp)
+            if state_dict is None:
+                save_model(self, str(tmp / WEIGHTS_FILE))
+            else:
+                from huggingface_hub import save_torch_state_dict
+
+                total = sum(t.numel() * t.element_size() for t in state_dict.values())
+                save_torch_state_dict(state_dict, str(tmp), max_shard_size=max(total, 1))
+            write_json(tmp / BACKBONE_CONFIG_FILE, self.model.backbone.config.to_dict())
+            self.action_tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
+            self.action_normalizer.save(tmp / ACTION_NORMALIZER_FILE)
+            self.state_normalizer.save(tmp / STATE_NORMALIZER_FILE)
+            if isinstance(self.vocab.text, LocalTextTokenizer):
+                self.vocab.text.save(tmp / TEXT_TOKENIZER_DIR)
+            for pipeline in make_vla_pre_post_processors(self.config):  # so lerobot-eval can load this folder
+                pipeline.save_pretrained(tmp)
+
+    def _save_pretrained(self, save_directory: Path, state_dict: dict | None = None) -> None:
+        self.save_pretrained(save_directory, state_dict=state_dict)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_name_or_path: str | Path,
+        *,
+        config: VLAConfig | None = None,
+        strict: bool = True,
+        **kwargs: Any,
+    ) -> VLAPolicy:
+        """Load a folder written by ``save_pretrained``: no network, no pickle. ``config`` overrides the saved one
+        (LeRobot passes its parsed config here); the tokenizer, normalisers and weights always come from the folder.
+        """
+        path = Path(pretrained_name_or_path)
+        if not (path / "config.json").is_file() or not (path / WEIGHTS_FILE).is_file():
+            raise ValueError(
+                f"{path} is not a saved VLA policy (config.json and {WEIGHTS_FILE} expected); pass the folder "
+                "save_pretrained wrote (downloading from a hub is not supported)"
+            )
+        check_processor_files(path)  # before anything else reads the folder
+        if (path / MANIFEST_FILE).is_file():  # policies saved before the manifest existed have the same layout
+            read_json(path / MANIFEST_FILE, "VLA policy", format_version=FORMAT_VERSION)
+        if config is None:
+            config = PreTrainedConfig.from_pretrained(path)
+            if not isinstance(config, VLAConfig):
+                raise ValueError(f"{path / 'config.json'} is a {type(config).__name__}, not a VLAConfig")
+        backbone_file = path / BACKBONE_CONFIG_FILE
+        text_dir = path / TEXT_TOKENIZER_DIR
+        policy = cls(
+            config,
+            action_tokenizer=at.load_tokenizer(path / TOKENIZER_DIR),
+            action_normalizer=at.Normalizer.load(path / ACTION_NORMALIZER_FILE),
+            state_normalizer=at.Normalizer.load(path / STATE_NORMALIZER_FILE),
+            text_tokenizer_dir=text_dir if text_dir.is_dir() else None,
+            backbone_config=read_json(backbone_file, "backbone config") if backbone_file.is_file() else None,
+        )
+        try:
+            missing, unexpected = load_model(policy, str(path / WEIGHTS_FILE), strict=strict, device="cpu")
+        except Exception as err:  # safetensors' own errors name neither the file nor the fix
+            raise ValueError(f"{path / WEIGHTS_FILE} cannot be read ({str(err).splitlines()[0][:200]}); the file is "
+                             "truncated or not a policy's weights: copy or save the policy again") from None  # fmt: skip
+        if missing or unexpected:
+            logger.warning("loading %s: missing keys %s, unexpected keys %s", path, missing, unexpected)
+        bad = [name for name, t in policy.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+        if bad:
+            raise ValueError(f"{path / WEIGHTS_FILE} holds NaN or inf in {len(bad)} tensors (first: {bad[0]}): the run "
+                             "that saved it diverged. Use an earlier checkpoint or train again")  # fmt: skip
+        policy.to(config.device)
+        policy.eval()
+        return policy
+
+
+# --- construction from LeRobot's factory -----------------------------------------------------------------------
+def _tokenizer_from_config(config: VLAConfig) -> at.ActionTokenizer:
+    if config.action_tokenizer_path is None:
+        raise ValueError(
+            "no action tokenizer: pass action_tokenizer=... or set VLAConfig.action_tokenizer_path to a folder "
+            "written by tok.save_pretrained (e.g. --policy.action_tokenizer_path=outputs/tok)"
+        )
+    return at.load_tokenizer(config.action_tokenizer_path)
+
+
+def _from_stats(stats: dict[str, dict[str, Any]] | None, key: str, mode: str) -> at.Normalizer:
+    if stats is None or key not in stats:
+        raise ValueError(
+            f"no normaliser for {key!r}: pass {'action' if key == ACTION else 'state'}_normalizer=at.Normalizer(...) "
+            f"or dataset_stats holding {key!r} (LeRobot's factory passes the dataset's stats)"
+        )
+    entry = {k: np.asarray(torch.as_tensor(v).cpu(), dtype=np.float64) for k, v in stats[key].items()}
+    if mode == "quantile" and {"q01", "q99", "min", "max"} <= entry.keys():
+        # LeRobot 0.6 averages per-episode quantiles: a dimension that is constant within each episode but not
+        # across them (a goal, an object's start) gets q01 == q99, and the policy cannot see it.
+        collapsed = np.flatnonzero((entry["q99"] - entry["q01"] < 1e-8) & (entry["max"] - entry["min"] > 1e-6))
+        if len(collapsed):
+            logger.warning(
+                "%s: dimensions %s vary (min < max) but their q01 == q99 in these stats, so quantile normalisation "
+                "hides them. LeRobot's stats.json averages per-episode quantiles; normalise with exact ones "
+                "(vla.data.frame_stats, as `vla train` does) or use the mean_std mode.", key, collapsed.tolist(),
+            )  # fmt: skip
+    return at.Normalizer.from_stats(entry, mode)
