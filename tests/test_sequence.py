@@ -155,6 +155,29 @@ def test_prefix_lm_mask_properties(rows, left):
             assert torch.equal(sub, torch.tril(torch.ones_like(sub)))  # causal inside the suffix
 
 
+@pytest.mark.parametrize("left", [False, True])
+def test_causal_attention_sees_nothing_later_and_keeps_the_loss_on_the_suffix(left):
+    """``attention="causal"``: no position sees a later one (prefix included); padding, targets and loss as before."""
+    vocab = VocabMap.compact(256)
+    tasks, states, ids = ["push", "pick up the cube"], np.zeros((2, 3)), [[1, 2, 3], [4]]
+    causal = SequenceLayout(vocab, state_bins=16, attention="causal")
+    prefix_lm = SequenceLayout(vocab, state_bins=16)
+    build = (lambda lay: lay.build_prefix(tasks, states)) if left else (
+        lambda lay: lay.build_training_sequence(tasks, states, ids))  # fmt: skip
+    a, b = build(causal), build(prefix_lm)
+    mask = a.attention_mask
+    for i in range(2):
+        idx = torch.nonzero(a.valid[i]).flatten()
+        sub = mask[i][idx][:, idx]
+        assert torch.equal(sub, torch.tril(torch.ones_like(sub)))  # exactly "earlier or itself"
+        assert not mask[i][~a.valid[i]].any() and not mask[i][:, ~a.valid[i]].any()
+    assert not torch.equal(mask, b.attention_mask)  # the prefix-LM's prefix sees ahead within the prefix
+    for field in ("input_ids", "valid", "position_ids", "targets", "loss_mask", "action_mask"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+    with pytest.raises(ValueError, match="attention must be one of prefix_lm, causal"):
+        SequenceLayout(vocab, attention="bidirectional")
+
+
 @pytest.mark.parametrize("name", ["fast", "fast_byte_level", "bin", "fsq"])
 def test_training_sequence_for_every_tokenizer(name):
     tok = fitted_tokenizers()[name]

@@ -40,6 +40,9 @@ from .text import ACTION_MARKER, END_OF_ACTIONS, TextTokenizer, clean_task, Byte
 logger = logging.getLogger(__name__)
 
 STATE_ENCODINGS = ("text", "embedding")
+# "prefix_lm": the prefix attends both ways, the suffix causally (pi0-FAST); "causal": every position sees only what
+# came before it, prefix included (a GPT), for the comparison that asks why a prefix-LM.
+ATTENTIONS = ("prefix_lm", "causal")
 _STATE_SLOT = -1  # marks a state slot in a prefix row until _pack turns it into a padded id + state_slots
 
 PALIGEMMA_TEXT_VOCAB = 257152  # Gemma tokenizer ids in PaliGemma; the action map counts down from here
@@ -139,7 +142,7 @@ class Sequence:
 
     input_ids: torch.Tensor  # long [B, L]
     valid: torch.Tensor  # bool [B, L], False on padding
-    ar: torch.Tensor  # long [B, L], 0 in the prefix (and left padding), 1 in the suffix
+    ar: torch.Tensor  # long [B, L], 1 where a token opens a causal block: the suffix (prefix-LM) or every token (causal)
     position_ids: torch.Tensor  # long [B, L], cumsum(valid) - 1, 0 on padding
     targets: torch.Tensor  # long [B, L], the id predicted at each position (next token), pad elsewhere
     loss_mask: torch.Tensor  # bool [B, L], positions whose target is a suffix token
@@ -196,7 +199,11 @@ class SequenceLayout:
         state_bins: int = 256,
         state_encoding: str = "text",
         state_tokens: int = 1,
+        attention: str = "prefix_lm",
     ):
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
+        self.attention = attention
         if state_bins < 2:
             raise ValueError(f"state_bins must be >= 2, got {state_bins}")
         if state_encoding not in STATE_ENCODINGS:
@@ -318,13 +325,15 @@ class SequenceLayout:
         b = len(rows)
         input_ids = torch.full((b, width), pad, dtype=torch.long)
         valid = torch.zeros((b, width), dtype=torch.bool)
-        ar = torch.zeros((b, width), dtype=torch.long)
+        in_suffix = torch.zeros((b, width), dtype=torch.bool)
         for i, (prefix, suffix) in enumerate(rows):
             n = len(prefix) + len(suffix)
             start = width - n if pad_left else 0
             input_ids[i, start : start + n] = torch.tensor(prefix + suffix, dtype=torch.long)
             valid[i, start : start + n] = True
-            ar[i, start + len(prefix) : start + n] = 1
+            in_suffix[i, start + len(prefix) : start + n] = True
+        # Every token with ar = 1 opens its own causal block: the suffix's (prefix-LM), or every valid one (causal).
+        ar = (in_suffix if self.attention == "prefix_lm" else valid).long()
         state_slots = input_ids == _STATE_SLOT
         input_ids[state_slots] = pad  # never embedded: the model writes the state's embedding there
         position_ids = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0) * valid
@@ -332,7 +341,7 @@ class SequenceLayout:
         targets = torch.full_like(input_ids, pad)
         targets[:, :-1] = input_ids[:, 1:]
         target_in_suffix = torch.zeros_like(valid)
-        target_in_suffix[:, :-1] = (ar[:, 1:] == 1) & valid[:, 1:]
+        target_in_suffix[:, :-1] = in_suffix[:, 1:] & valid[:, 1:]
         action_mask = target_in_suffix & self.vocab.is_action(targets)
         targets = torch.where(target_in_suffix, targets, pad)
         prefix_len = torch.tensor([len(p) for p, _ in rows], dtype=torch.long)

@@ -19,7 +19,7 @@ from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 from action_tokenizers.normalize import NORM_MODES
 from vla.model import PRESETS
 from vla.names import suggestion
-from vla.sequence import STATE_ENCODINGS
+from vla.sequence import ATTENTIONS, STATE_ENCODINGS
 
 IMAGE_PREFIX = OBS_IMAGES + "."
 DTYPES = ("float32", "bfloat16")
@@ -58,6 +58,9 @@ class VLAConfig(PreTrainedConfig):
     # Training fills it from the dataset's tasks; other text is spelled in bytes. Empty = bytes and numbers only.
     text_words: list[str] = field(default_factory=list)
     max_action_tokens: int | None = None  # most action ids generated per chunk; None = the constraint's max_length
+    # "prefix_lm": the observation prefix attends both ways, actions causally (pi0-FAST); "causal": a GPT's mask over
+    # the whole sequence, prefix included (the ablation that asks why a prefix-LM)
+    attention: str = "prefix_lm"
 
     # --- decoding -----------------------------------------------------------------------------------------
     temperature: float = 0.0  # 0 = greedy; > 0 samples (openpi used 0.7 for bimanual tasks)
@@ -123,6 +126,7 @@ class VLAConfig(PreTrainedConfig):
         _check(self.state_bins >= 2, "state_bins", self.state_bins, "use at least 2 (256 is openpi's)")
         _check(self.state_encoding in STATE_ENCODINGS, "state_encoding", self.state_encoding,
                f"use one of {', '.join(STATE_ENCODINGS)}")  # fmt: skip
+        _check(self.attention in ATTENTIONS, "attention", self.attention, f"use one of {', '.join(ATTENTIONS)}")
         _check(self.state_tokens >= 1, "state_tokens", self.state_tokens, "use a positive number (1 is typical)")
         _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")

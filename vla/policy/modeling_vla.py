@@ -158,6 +158,7 @@ class VLAPolicy(PreTrainedPolicy):
             state_bins=config.state_bins,
             state_encoding=config.state_encoding,
             state_tokens=config.state_tokens,
+            attention=config.attention,
         )
         self.constraint = VocabConstraint(self.action_tokenizer.constraint(time_horizon=t, action_dim=d), self.vocab)
         self.max_new_tokens = (config.max_action_tokens or self.constraint.max_length) + 1  # + "|"
