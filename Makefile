@@ -17,9 +17,12 @@ $(PYTHON):
 	@if [ -z "$(PY312)" ]; then echo "Python 3.12 not found on PATH or through pyenv; install it (pyenv install 3.12)"; exit 1; fi
 	$(PY312) -m venv $(VENV)
 
+# openpi-client (openpi's own robot client, which the serving tests drive `vla serve` with) is installed without its
+# dependencies: its numpy<2 pin conflicts with lerobot's numpy>=2, and it runs on numpy 2.
 $(STAMP): $(PYTHON) pyproject.toml
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet --no-deps 'openpi-client==0.1.2'
 	touch $(STAMP)
 
 setup: $(STAMP)

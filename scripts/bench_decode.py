@@ -1,6 +1,12 @@
-"""Decoding latency on CPU: KV cache vs full recomputation, constraint on vs off, for every tokenizer.
+"""Decoding latency on CPU: the lean KV-cache loop vs transformers' cached forward vs full recomputation, constraint
+on vs off, for every tokenizer; and a saved policy's ``predict_action_chunk``.
 
-    python scripts/bench_decode.py --out results/bench_decode.json [--presets tiny small] [--threads 1]
+    python scripts/bench_decode.py --out results/bench_decode.json [--presets tiny small] [--threads 2]
+        [--policy outputs/train/fast/policy]
+
+Decoders (``decoder`` in each row): ``lean`` is ``generate``'s default with the cache (``vla.decode.LeanSteps``: the
+backbone's layers as plain tensor ops on a static KV cache), ``transformers`` the same cache through transformers'
+forward (``lean=False``), ``recompute`` no cache at all (``use_cache=False``). All three generate identical ids here.
 
 One observation per chunk (batch 1, as on a robot): one 64/96 px camera, a 39-D state (Meta-World's), a short
 task. Weights are random (seed 0) and decoding is greedy (the policy's default), so the KV-cache and recomputation
@@ -20,8 +26,11 @@ Output: ``{"meta": ..., "rows": [one per (preset, tokenizer, kv_cache, constrain
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -46,12 +55,17 @@ def fit_tokenizers(time_horizon: int, action_dim: int) -> dict[str, at.ActionTok
     }
 
 
-def predict(model, layout, tok, constraint, images, state, *, kv: bool, max_new_tokens: int, t: int, d: int,
-            temperature: float = 0.0, generator=None):  # fmt: skip
+DECODERS = {"lean": dict(use_cache=True, lean=True), "transformers": dict(use_cache=True, lean=False),
+            "recompute": dict(use_cache=False)}  # fmt: skip
+
+
+def predict(model, layout, tok, constraint, images, state, *, decoder: str = "lean", max_new_tokens: int, t: int,
+            d: int, temperature: float = 0.0, generator=None):  # fmt: skip
     """What predict_action_chunk does, minus normalisation: prompt -> ids -> chunk. Returns (generation, decoded)."""
     prompt = layout.build_prefix([TASK] * len(state), state)
-    gen = generate(model, prompt, vocab=layout.vocab, constraint=constraint, images=images, use_cache=kv,
-                   max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)  # fmt: skip
+    gen = generate(model, prompt, vocab=layout.vocab, constraint=constraint, images=images,
+                   max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
+                   **DECODERS[decoder])  # fmt: skip
     return gen, gen.decode(tok, t, d)
 
 
@@ -87,7 +101,7 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
         images = torch.rand(1, 1, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(0))
         shape = dict(t=args.time_horizon, d=args.action_dim)
         # The constrained greedy run fixes the number of steps both constrained and free rows decode.
-        gen, _ = predict(model, layout, tok, constraint, images, state, kv=True,
+        gen, _ = predict(model, layout, tok, constraint, images, state,
                          max_new_tokens=constraint.max_length + 1, **shape)  # fmt: skip
         steps = gen.steps
         constraint_ms = constraint_ms_per_step(constraint, gen.tokens)
@@ -97,41 +111,46 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
             n = args.valid_chunks[preset]
             sampled, out = predict(
                 model, layout, tok, constraint if constrained else None, images.expand(n, -1, -1, -1, -1),
-                rng.uniform(-1, 1, (n, args.state_dim)), kv=True, max_new_tokens=constraint.max_length + 1,
+                rng.uniform(-1, 1, (n, args.state_dim)), max_new_tokens=constraint.max_length + 1,
                 temperature=1.0, generator=torch.Generator().manual_seed(0), **shape,
             )  # fmt: skip
             validity[constrained] = (float(out.valid.mean()), float(np.mean(sampled.tokens_per_chunk)), n)
-        for kv in (True, False):
-            reps = args.reps[preset] if kv else max(2, args.reps[preset] // 2)
-            runs = {True: ([], [], []), False: ([], [], [])}  # constrained -> (times, tokens, valid)
-            for rep in range(reps + 1):  # the first run warms caches (allocator, constraint masks) and is dropped
-                for constrained in (True, False):  # interleaved, so load on a shared machine hits both alike
+        reps = {d: args.reps[preset] if d != "recompute" else max(2, args.reps[preset] // 2) for d in args.decoders}
+        runs = {(d, c): ([], [], []) for d in args.decoders for c in (True, False)}  # -> (times, tokens, valid)
+        for rep in range(max(reps.values()) + 1):  # the first run warms caches (allocator, masks) and is dropped
+            for decoder in args.decoders:  # interleaved, so load on a shared machine hits every row alike
+                if rep > reps[decoder]:
+                    continue
+                for constrained in (True, False):
                     start = time.perf_counter()
                     budget = constraint.max_length + 1 if constrained else steps
-                    g, out = predict(model, layout, tok, constraint if constrained else None, images, state, kv=kv,
-                                     max_new_tokens=budget, **shape)  # fmt: skip
+                    g, out = predict(model, layout, tok, constraint if constrained else None, images, state,
+                                     decoder=decoder, max_new_tokens=budget, **shape)  # fmt: skip
                     elapsed = (time.perf_counter() - start) * 1000
                     if rep:
-                        times, tokens, valid = runs[constrained]
+                        times, tokens, valid = runs[decoder, constrained]
                         times.append(elapsed)
                         tokens.append(generated_ids(g, layout.vocab))
                         valid.append(bool(out.valid[0]))
+        for decoder in args.decoders:
             for constrained in (True, False):
-                times, tokens, valid = runs[constrained]
+                times, tokens, valid = runs[decoder, constrained]
                 rate, sampled_tokens, n = validity[constrained]
                 row = {
                     "preset": preset,
                     "tokenizer": name,
-                    "kv_cache": kv,
+                    "decoder": decoder,
+                    "kv_cache": decoder != "recompute",
                     "constrained": constrained,
                     "latency_ms_p50": round(float(np.percentile(times, 50)), 2),
                     "latency_ms_p95": round(float(np.percentile(times, 95)), 2),
+                    "latency_ms_min": round(float(np.min(times)), 2),
                     "tokens_per_chunk": float(np.mean(tokens)),
                     "valid_rate": rate,
                     "decode_steps": steps,
                     "ms_per_step_p50": round(float(np.percentile(times, 50)) / steps, 3),
                     "prefix_tokens": prefix_len,
-                    "reps": reps,
+                    "reps": reps[decoder],
                     "greedy_chunk_valid": float(np.mean(valid)),
                     "valid_rate_chunks": n,
                     "sampled_tokens_per_chunk": sampled_tokens,
@@ -140,6 +159,81 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        rows.extend(step_split(model, layout, constraint, images, state, preset, name, args))
+    return rows
+
+
+def step_split(model, layout, constraint, images, state, preset: str, name: str, args) -> list[dict]:
+    """Where a lean chunk's time goes: the prefill (prompt + images through the layers) against one step."""
+    from vla.decode import LeanSteps, _intra_op_threads
+
+    if "lean" not in args.decoders or not LeanSteps.supports(model):
+        return []
+    prompt = layout.build_prefix([TASK], state)
+    n = constraint.max_length + 1
+    prefill, step = [], []
+    token = torch.tensor([layout.vocab.end_id])
+    prefill_threads = LeanSteps.threads_for(model, rows=prompt.input_ids.numel())  # as generate runs each phase
+    step_threads = LeanSteps.threads_for(model, rows=1)
+    with torch.inference_mode():
+        for rep in range(args.reps[preset] + 1):
+            start = time.perf_counter()
+            with _intra_op_threads(prefill_threads):
+                lean = LeanSteps(model, prompt, n)
+                lean.prefill(prompt, images)
+            mid = time.perf_counter()
+            with _intra_op_threads(step_threads):
+                for k in range(min(8, n - 1)):
+                    model.logits(lean(token, k))
+            end = time.perf_counter()
+            if rep:
+                prefill.append((mid - start) * 1000)
+                step.append((end - mid) * 1000 / min(8, n - 1))
+    row = {"preset": preset, "tokenizer": name, "split": True, "prefill_ms_p50": round(float(np.median(prefill)), 2),
+           "lean_step_ms_p50": round(float(np.median(step)), 3), "reps": args.reps[preset]}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return [row]
+
+
+def bench_policy(path: Path, reps: int) -> list[dict]:
+    """A saved policy's ``predict_action_chunk`` (batch 1), lean loop against transformers' cached forward."""
+    import vla.decode as decode
+    from vla.policy import VLAPolicy
+
+    policy = VLAPolicy.from_pretrained(path).eval()
+    c = policy.config
+    rng = np.random.default_rng(0)
+    low = policy.state_normalizer.unnormalize(-np.ones(c.state_dim))  # states across the data's q01..q99
+    high = policy.state_normalizer.unnormalize(np.ones(c.state_dim))
+    original = decode.generate
+    module = sys.modules[type(policy).__module__]  # where predict_action_chunk looks generate up
+    times = {"lean": [], "transformers": []}
+    steps = []
+    for rep in range(reps + 1):  # the first run warms up and is dropped
+        state = torch.as_tensor(rng.uniform(low, high, (1, c.state_dim)), dtype=torch.float32)
+        batch = {"observation.state": state, "task": [TASK]}
+        for key in c.image_keys:
+            batch[key] = torch.rand(1, 3, c.image_size or 64, c.image_size or 64)
+        for decoder in times:  # interleaved: the same observation, the same load
+            module.generate = original if decoder == "lean" else functools.partial(original, lean=False)
+            try:
+                start = time.perf_counter()
+                policy.predict_action_chunk(batch)
+                elapsed = (time.perf_counter() - start) * 1000
+            finally:
+                module.generate = original
+            if rep:
+                times[decoder].append(elapsed)
+                if decoder == "lean":
+                    steps.append(policy.last_decode_info["steps"])
+    rows = []
+    for decoder, t in times.items():
+        row = {"policy": str(path), "decoder": decoder, "latency_ms_p50": round(float(np.median(t)), 2),
+               "latency_ms_p95": round(float(np.percentile(t, 95)), 2), "latency_ms_min": round(float(np.min(t)), 2),
+               "decode_steps_mean": float(np.mean(steps)), "reps": reps,
+               "ms_per_step_p50": round(float(np.median(t)) / float(np.mean(steps)), 3)}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -147,21 +241,23 @@ def summarise(rows: list[dict]) -> list[dict]:
     """Per (preset, tokenizer): KV-cache speed-up over recomputation and the constraint's latency cost."""
     out = []
     key = lambda r: (r["preset"], r["tokenizer"])  # noqa: E731
+    rows = [r for r in rows if "decoder" in r]
     for preset, name in dict.fromkeys(map(key, rows)):
-        get = {(r["kv_cache"], r["constrained"]): r for r in rows if key(r) == (preset, name)}
-        out.append({
-            "preset": preset,
-            "tokenizer": name,
-            "action_tokens": get[True, True]["tokens_per_chunk"],
-            "kv_speedup": round(get[False, True]["latency_ms_p50"] / get[True, True]["latency_ms_p50"], 2),
-            "constraint_overhead": round(get[True, True]["latency_ms_p50"] / get[True, False]["latency_ms_p50"] - 1, 3),
+        get = {(r["decoder"], r["constrained"]): r for r in rows if key(r) == (preset, name)}
+        lean = get.get(("lean", True))
+        entry = {"preset": preset, "tokenizer": name, "action_tokens": next(iter(get.values()))["tokens_per_chunk"]}
+        if lean and ("recompute", True) in get:
+            entry["kv_speedup"] = round(get["recompute", True]["latency_ms_p50"] / lean["latency_ms_p50"], 2)
+        if lean and ("transformers", True) in get:
+            entry["lean_speedup"] = round(get["transformers", True]["latency_ms_p50"] / lean["latency_ms_p50"], 2)
+        if lean and ("lean", False) in get:
+            entry["constraint_overhead"] = round(lean["latency_ms_p50"] / get["lean", False]["latency_ms_p50"] - 1, 3)
             # the same, measured directly: the constraint's work per step over a cached decoding step
-            "constraint_share_of_step": round(
-                get[True, True]["constraint_ms_per_step"] / get[True, True]["ms_per_step_p50"], 4
-            ),
-            "valid_rate_constrained": get[True, True]["valid_rate"],
-            "valid_rate_free": get[True, False]["valid_rate"],
-        })  # fmt: skip
+            entry["constraint_share_of_step"] = round(lean["constraint_ms_per_step"] / lean["ms_per_step_p50"], 4)
+        any_row = next(iter(get.values()))
+        entry["valid_rate_constrained"] = get.get(("lean", True), any_row)["valid_rate"]
+        entry["valid_rate_free"] = get.get(("lean", False), any_row)["valid_rate"]
+        out.append(entry)
     return out
 
 
@@ -175,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dim", type=int, default=39)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--reps", type=int, default=None, help="timed runs per KV-cache row (recompute: half)")
+    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=list(DECODERS))
+    parser.add_argument("--policy", type=Path, default=None, help="also time this saved policy's predict_action_chunk")
+    parser.add_argument("--policy-reps", type=int, default=40)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -182,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     args.valid_chunks = {p: {"tiny": 200, "small": 24}.get(p, 8) for p in args.presets}
     toks = {k: v for k, v in fit_tokenizers(args.time_horizon, args.action_dim).items() if k in args.tokenizers}
     rows = [row for preset in args.presets for row in bench_preset(preset, toks, args)]
+    policy_rows = bench_policy(args.policy, args.policy_reps) if args.policy else []
     result = {
         "meta": {
             "device": "cpu",
@@ -195,8 +295,12 @@ def main(argv: list[str] | None = None) -> None:
             "cameras": 1,
             "batch": 1,
             "decoding": "greedy, random weights (seed 0); free rows decode as many steps as constrained ones",
+            "load_average": os.getloadavg(),
+            "cpus": os.cpu_count(),
         },
-        "rows": rows,
+        "rows": [r for r in rows if "decoder" in r],
+        "split": [r for r in rows if r.get("split")],
+        "policy": policy_rows,
         "summary": summarise(rows),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Decoding: the KV cache matches full recomputation, the constraint makes every sampled chunk decode."""
+"""Decoding: the KV cache matches full recomputation (both the lean loop and transformers' own cached path), the
+constraint makes every sampled chunk decode."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_sequence import D, T, fitted_tokenizers
-from vla.decode import VocabConstraint, generate, sample
+from tests.conftest import D, T, fitted_tokenizers
+from vla.decode import LeanSteps, VocabConstraint, generate, sample
 from vla.model import build_model
 from vla.sequence import SequenceLayout, VocabMap
 
@@ -35,9 +36,11 @@ def test_kv_cache_greedy_equals_full_recomputation(name):
         kwargs = dict(vocab=vocab, constraint=constraint, images=images, max_new_tokens=12)
         if constraint is not None:
             kwargs.pop("max_new_tokens")
-        cached = generate(model, prompt, use_cache=True, **kwargs)
+        cached = generate(model, prompt, use_cache=True, **kwargs)  # the lean loop (the default)
         full = generate(model, prompt, use_cache=False, **kwargs)
+        hf = generate(model, prompt, use_cache=True, lean=False, **kwargs)  # transformers' cached forward
         assert torch.equal(cached.tokens, full.tokens), name
+        assert torch.equal(hf.tokens, full.tokens), name
         assert cached.ids == full.ids
 
 
@@ -73,7 +76,7 @@ def test_1000_sampled_chunks_all_decode_with_the_constraint(name, capsys):
     rate = free.decode(tok, T, D).valid.mean()
     with capsys.disabled():
         print(f"\n{name}: valid rate with the constraint 1.000 ({n} chunks), without it {rate:.3f} ({m} chunks)")
-    assert 0.0 <= rate <= 1.0
+    assert rate < 0.5  # free sampling from random weights rarely ends in a decodable chunk
     assert all(e for e, v in zip(free.errors, free.valid) if not v)  # every invalid row says why
 
 
@@ -131,3 +134,72 @@ def test_unfinished_rows_are_invalid_and_say_why():
     out = gen.decode(tok, T, D)
     assert not out.valid.any() and np.isnan(out.actions).all()
     assert all(e is not None for e in out.errors)
+
+
+# --- the lean decode loop ---------------------------------------------------------------------------------------------
+def test_lean_path_serves_every_preset_and_steps_aside_for_training():
+    tok = fitted_tokenizers()["fast"]
+    vocab = VocabMap.compact(tok.vocab_size)
+    model = build_model("micro", vocab, num_cameras=1, seed=0)
+    assert LeanSteps.supports(model.eval())
+    assert not LeanSteps.supports(model.train())  # dropout and friends are transformers' business
+    assert LeanSteps.supports(build_model("tiny", vocab, num_cameras=0, seed=0).eval())
+
+
+@pytest.mark.parametrize("state_encoding", ["text", "embedding"])
+def test_lean_hidden_states_match_the_backbone(state_encoding):
+    """The prefill's last hidden state and every step's, from LeanSteps, against the backbone's own forward."""
+    tok = fitted_tokenizers()["fast"]
+    vocab = VocabMap.compact(tok.vocab_size)
+    embedding = state_encoding == "embedding"
+    model = build_model("micro", vocab, num_cameras=1, seed=1, state_dim=4 if embedding else None,
+                        state_tokens=1 if embedding else 0).eval()  # fmt: skip
+    layout = SequenceLayout(vocab, image_tokens=model.image_tokens, num_cameras=1, state_encoding=state_encoding)
+    states = np.random.default_rng(0).uniform(-1, 1, (2, 4))
+    prompt = layout.build_prefix(["push", "open the top drawer please"], states)
+    images = torch.rand(2, 1, 3, 32, 32)
+    n = 4
+    with torch.inference_mode():
+        lean = LeanSteps(model, prompt, n)
+        got = lean.prefill(prompt, images)
+        out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
+                    images=images, use_cache=True, state=prompt.state, state_slots=prompt.state_slots)  # fmt: skip
+        torch.testing.assert_close(got, out.last_hidden_state[:, -1], rtol=1e-5, atol=1e-5)
+        cache, next_position = out.past_key_values, prompt.position_ids[:, -1] + 1
+        ones = torch.ones(2, n, dtype=torch.bool)
+        for step in range(n - 1):
+            token = torch.tensor([vocab.action_to_vocab(np.int64(step)), vocab.action_to_vocab(np.int64(5 + step))])
+            got = lean(token, step)
+            key_valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)
+            out = model(token[:, None], key_valid[:, None, :], (next_position + step)[:, None], past_key_values=cache,
+                        use_cache=True)  # fmt: skip
+            cache = out.past_key_values
+            torch.testing.assert_close(got, out.last_hidden_state[:, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["fast", "fsq"])
+def test_lean_sampling_equals_transformers_path(name):
+    """Temperature 1, one generator seed, a left-padded batch: the lean loop draws the very same ids."""
+    tok, vocab, model, layout = setup_for(name, cameras=1, seed=2)
+    tasks = ["push", "pick up the cube", "open the top drawer"] * 3  # different lengths: left padding
+    prompt = layout.build_prefix(tasks, np.random.default_rng(2).uniform(-1, 1, (9, 4)))
+    images = torch.rand(9, 1, 3, 32, 32)
+
+    def run(**kw):
+        return generate(model, prompt, vocab=vocab, constraint=tok.constraint(T, D), images=images, temperature=1.0,
+                        generator=torch.Generator().manual_seed(0), **kw).tokens  # fmt: skip
+
+    assert torch.equal(run(), run(lean=False))
+    assert torch.equal(run(), run(use_cache=False))
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_nan_logits_make_a_chunk_invalid_never_valid(lean):
+    """A diverged model (NaN weights): the constraint still makes well-formed ids, but every chunk is invalid."""
+    tok, vocab, model, layout = setup_for("fast")
+    with torch.no_grad():
+        model.backbone.lm_head.weight.fill_(float("nan"))
+    prompt = layout.build_prefix(["push"] * 2, np.zeros((2, 2)))
+    gen = generate(model, prompt, vocab=vocab, constraint=VocabConstraint(tok.constraint(T, D), vocab), lean=lean)
+    assert not gen.valid.any() and all("NaN or inf" in e for e in gen.errors)
+    assert not gen.decode(tok, T, D).valid.any()

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vla.train", "train a policy from a config"),
     "eval": ("vla.evaluate", "closed-loop evaluation of a trained policy"),
     "inspect": ("vla.inspect", "draw one sample's token layout, attention mask and decoding steps"),
+    "serve": ("vla.serve.cli", "serve a policy to robots over websockets (openpi's protocol)"),
     "demo": ("vla.demo", "record, fit, train and evaluate every tokenizer, then compare"),
 }
 

@@ -14,16 +14,22 @@ token PaliGemma would try to fill with image features) may come; rows stop at ``
 
 ``use_cache=False`` recomputes the whole sequence (images included) at every step: the reference that the cached
 path must match id for id (``tests/test_decode.py``), and the baseline of ``scripts/bench_decode.py``.
+
+With the cache, ``lean=True`` (the default) runs the prefill and every step through ``vla.lean.LeanSteps``
+(the backbone's Gemma layers as plain tensor ops on a static KV cache); ``lean=False`` forces transformers' forward.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from action_tokenizers import ActionTokenizer, Constraint, DecodeResult
 
+from .lean import LeanSteps
 from .sequence import Sequence, VocabMap, prefix_lm_mask
 
 
@@ -75,14 +81,9 @@ class VocabConstraint:
             self._table = torch.stack(self._rows)
         return self._table[torch.tensor([self._row[s] for s in states])]
 
-    def advance(self, state: int, model_id: int) -> int:
-        """The state after ``model_id``; stop ids leave a done state as it is."""
-        if self.constraint.done(state):
-            return state
-        return self.constraint.advance(state, int(self.vocab.vocab_to_action(np.int64(model_id))))
-
     def advance_batch(self, states: list[int], model_ids: torch.Tensor, active: list[int]) -> None:
-        """``advance`` for the rows in ``active``, in place, mapping the ids back in one vectorised call."""
+        """Advance the automaton states of the rows in ``active`` by their ids, in place (stop ids leave a done state
+        as it is), mapping the ids back to action ids in one vectorised call."""
         actions = self.vocab.vocab_to_action(model_ids.cpu().numpy()).tolist()
         for i in active:
             if not self.constraint.done(states[i]):
@@ -151,12 +152,14 @@ def generate(
     top_p: float = 1.0,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    lean: bool = True,
 ) -> Generation:
     """Generate action ids after a left-padded ``prompt`` (``SequenceLayout.build_prefix``) for every row.
 
     ``model``: a ``vla.model.PrefixLM``. ``constraint``: the tokenizer's (lifted here) or ``None`` for free decoding.
     ``max_new_tokens``: defaults to the constraint's ``max_length + 1`` (room for ``"|"``); required without one.
     Each row stops at ``"|"``/EOS; decoding ends when every row has stopped or after ``max_new_tokens`` steps.
+    ``lean``: with the cache, run the steps after the prefill through ``LeanSteps`` where the backbone allows it.
     """
     vc = VocabConstraint(constraint, vocab) if isinstance(constraint, Constraint) else constraint
     if max_new_tokens is None:
@@ -170,56 +173,96 @@ def generate(
         )
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+    lean = use_cache and lean and LeanSteps.supports(model)
+    # When even the prefill is small, the whole call runs on one thread: the set-up's own small ops (RoPE tables,
+    # masks, buffers) would otherwise each fork and join too. Each phase below decides again for itself.
+    whole = LeanSteps.threads_for(model, rows=prompt.input_ids.numel()) if lean else None
+    with _intra_op_threads(whole):
+        return _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator,
+                       lean)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _intra_op_threads(n: int | None):
+    """Run the block with ``n`` torch intra-op threads (process-wide, restored after); None leaves them alone."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator, lean):
+    """``generate`` after its checks: prefill, then one token per step (lean, transformers' cache, or recomputed)."""
     device = model.device
     prompt = prompt.to(device)
     b = len(prompt)
-    pad, stops = vocab.text.pad_id, torch.tensor([vocab.end_id, vocab.text.eos_id], device=device)
+    pad, end_id, eos_id = vocab.text.pad_id, vocab.end_id, vocab.text.eos_id
     states = [vc.start() for _ in range(b)] if vc is not None else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)
     next_position = prompt.position_ids[:, -1] + 1  # [B]: left padding puts every row's last token in the last column
     ones = torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)
     tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
 
-    # Prefill: the prompt once (images included); keep the cache and the last position's logits.
-    out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
-                images=images, use_cache=use_cache, state=prompt.state, state_slots=prompt.state_slots)  # fmt: skip
-    cache = out.past_key_values if use_cache else None
-    logits = model.logits(out.last_hidden_state[:, -1])  # [B, V]
-    steps = 0
-    for step in range(max_new_tokens):
-        if vc is not None:
-            logits = logits.masked_fill(~vc.masks(states).to(device), float("-inf"))
-        else:
-            logits[:, vocab.text.image_id] = float("-inf")
-        token = sample(logits, temperature, top_p, generator)  # [B]
-        token = torch.where(finished, torch.full_like(token, pad), token)
-        tokens[:, step] = token
-        steps = step + 1
-        if vc is not None:
-            vc.advance_batch(states, token, torch.nonzero(~finished).flatten().tolist())
-        finished |= torch.isin(token, stops)
-        if bool(finished.all()) or step + 1 == max_new_tokens:
-            break
-        if use_cache:  # one new token attends to every valid key so far (the cache) and itself
-            key_valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)  # [B, Lp + step + 1]
-            out = model(token[:, None], key_valid[:, None, :], (next_position + step)[:, None],
-                        past_key_values=cache, use_cache=True)  # fmt: skip
-            cache = out.past_key_values
-        else:  # recompute everything: prompt + tokens so far, as one suffix-extended sequence
-            new = tokens[:, : step + 1]
-            valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)
-            ar = torch.cat([prompt.ar, torch.ones_like(new)], dim=1)
-            new_positions = next_position[:, None] + torch.arange(step + 1, device=device)  # [B, step + 1]
-            positions = torch.cat([prompt.position_ids, new_positions], dim=1)
-            slots = torch.cat([prompt.state_slots, torch.zeros_like(new, dtype=torch.bool)], dim=1)
-            out = model(torch.cat([prompt.input_ids, new], dim=1), prefix_lm_mask(valid, ar), positions,
-                        token_type_ids=ar, images=images, state=prompt.state, state_slots=slots)  # fmt: skip
-        logits = model.logits(out.last_hidden_state[:, -1])
-    return _collect(tokens[:, :steps].cpu(), finished.cpu().numpy(), vocab, steps)
+    lean_steps = LeanSteps(model, prompt, max_new_tokens) if lean else None
+    if lean_steps is not None:
+        with _intra_op_threads(LeanSteps.threads_for(model, rows=prompt.input_ids.numel())):
+            logits = model.logits(lean_steps.prefill(prompt, images))  # [B, V]
+    else:
+        out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
+                    images=images, use_cache=use_cache, state=prompt.state, state_slots=prompt.state_slots)  # fmt: skip
+        cache = out.past_key_values if use_cache else None
+        logits = model.logits(out.last_hidden_state[:, -1])  # [B, V]
+    # one thread for small steps (see LeanSteps.SINGLE_THREAD_MACS); transformers' paths keep torch's setting
+    with _intra_op_threads(LeanSteps.threads_for(model, rows=b) if lean_steps is not None else None):
+        steps = 0
+        nonfinite = torch.zeros(b, dtype=torch.bool, device=device)  # rows whose logits held NaN/inf: never valid
+        for step in range(max_new_tokens):
+            nonfinite |= ~torch.isfinite(logits).all(dim=-1) & ~finished  # on the device: no sync per step
+            if vc is not None:
+                logits = logits.masked_fill(~vc.masks(states).to(device), float("-inf"))
+            else:
+                logits[:, vocab.text.image_id] = float("-inf")
+            token = sample(logits, temperature, top_p, generator)  # [B]
+            token = token.masked_fill(finished, pad)
+            tokens[:, step] = token
+            steps = step + 1
+            if vc is not None:
+                active = range(b) if step == 0 else torch.nonzero(~finished).flatten().tolist()
+                vc.advance_batch(states, token, active)
+            finished |= (token == end_id) | (token == eos_id)
+            if step + 1 == max_new_tokens or bool(finished.all()):
+                break
+            if lean_steps is not None:  # the backbone's layers on the static cache (same arithmetic, no framework)
+                logits = model.logits(lean_steps(token, step))
+                continue
+            if use_cache:  # one new token attends to every valid key so far (the cache) and itself
+                key_valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)  # [B, Lp + step + 1]
+                out = model(token[:, None], key_valid[:, None, :], (next_position + step)[:, None],
+                            past_key_values=cache, use_cache=True)  # fmt: skip
+                cache = out.past_key_values
+            else:  # recompute everything: prompt + tokens so far, as one suffix-extended sequence
+                new = tokens[:, : step + 1]
+                valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)
+                ar = torch.cat([prompt.ar, torch.ones_like(new)], dim=1)
+                new_positions = next_position[:, None] + torch.arange(step + 1, device=device)  # [B, step + 1]
+                positions = torch.cat([prompt.position_ids, new_positions], dim=1)
+                slots = torch.cat([prompt.state_slots, torch.zeros_like(new, dtype=torch.bool)], dim=1)
+                out = model(torch.cat([prompt.input_ids, new], dim=1), prefix_lm_mask(valid, ar), positions,
+                            token_type_ids=ar, images=images, state=prompt.state, state_slots=slots)  # fmt: skip
+            logits = model.logits(out.last_hidden_state[:, -1])
+    return _collect(tokens[:, :steps].cpu(), finished.cpu().numpy(), vocab, steps, nonfinite.cpu().numpy())
 
 
-def _collect(tokens: torch.Tensor, finished: np.ndarray, vocab: VocabMap, steps: int) -> Generation:
-    """Split each row at its stop token, map action ids back, and say why a row is invalid."""
+def _collect(
+    tokens: torch.Tensor, finished: np.ndarray, vocab: VocabMap, steps: int, nonfinite: np.ndarray | None = None
+) -> Generation:
+    """Split each row at its stop token, map action ids back, and say why a row is invalid. A row whose logits were
+    not finite is invalid whatever ids the constraint made of them (a diverged model must not look healthy)."""
     ids, valid, errors = [], np.zeros(len(tokens), dtype=bool), []
     stop_ids = {vocab.end_id, vocab.text.eos_id}
     for i, row in enumerate(tokens.tolist()):
@@ -227,7 +270,9 @@ def _collect(tokens: torch.Tensor, finished: np.ndarray, vocab: VocabMap, steps:
         body = np.asarray(row[:end], dtype=np.int64)
         actions = vocab.vocab_to_action(body)
         error = None
-        if not finished[i]:
+        if nonfinite is not None and nonfinite[i]:
+            error = "the model's logits were NaN or inf (its weights diverged?); these ids mean nothing"
+        elif not finished[i]:
             error = f"no '|' or EOS within {steps} generated tokens"
         elif (actions < 0).any():
             k = int(np.flatnonzero(actions < 0)[0])

@@ -1,0 +1,130 @@
+"""openpi's msgpack-numpy wire format, written to be safe on untrusted input.
+
+    data = packb({"observation.state": np.zeros(39, np.float32), "prompt": "push"})
+    obs = unpackb(data)                   # the same dict back; numpy arrays for the ndarray maps
+
+An array travels as a msgpack map ``{"__ndarray__": True, "data": <bytes>, "dtype": dtype.str, "shape": [...]}`` and
+a numpy scalar as ``{"__npgeneric__": True, "data": item, "dtype": dtype.str}``, exactly as
+``openpi_client.msgpack_numpy`` writes them (the keys as msgpack bin, like its ``b"__ndarray__"``), so the bytes
+``packb`` produces are the bytes openpi's packer produces and either side can read the other's.
+
+Reading is where openpi's own code trusts the sender; here nothing in a message can run code or make the server
+allocate more than the message holds:
+- only msgpack's plain types come out (no ``ext`` types, no pickle fallback, no object hooks beyond the two above);
+- dtypes are numeric or boolean only (``b i u f``; object ``O``, void ``V``, complex ``c`` and strings are refused, as
+  openpi's packer refuses them on the way out), native or explicit byte order;
+- an array's shape must be non-negative, at most ``MAX_NDIM`` dimensions, and describe exactly the bytes sent;
+- maps nest at most ``MAX_DEPTH`` deep (a message is an observation: a flat map of arrays and strings).
+Anything else raises ``DecodeError`` naming the key and the fix, which the server sends back as its error reply.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgpack
+import numpy as np
+
+MAX_NDIM = 8
+MAX_DEPTH = 8
+_ALLOWED_KINDS = "biuf"  # bool, signed and unsigned integers, floats
+
+
+class DecodeError(ValueError):
+    """A message that is not a valid msgpack-numpy observation; the text says what and how to fix it."""
+
+
+def _pack_default(obj: Any) -> Any:
+    """openpi's ``pack_array``: ndarrays and numpy scalars as maps with bin keys; other types are msgpack's own."""
+    if isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.kind in ("V", "O", "c"):
+        raise ValueError(f"unsupported dtype {obj.dtype} (object, void and complex arrays are not sent)")
+    if isinstance(obj, np.ndarray):
+        return {b"__ndarray__": True, b"data": obj.tobytes(), b"dtype": obj.dtype.str, b"shape": obj.shape}
+    if isinstance(obj, np.generic):
+        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    raise TypeError(f"cannot send a {type(obj).__name__}; send numpy arrays, numbers, strings, lists and dicts")
+
+
+def packb(obj: Any) -> bytes:
+    """``obj`` as msgpack bytes, arrays in openpi's layout (byte for byte what ``openpi_client`` writes)."""
+    return msgpack.packb(obj, default=_pack_default)
+
+
+def _get(m: dict, key: str) -> Any:
+    """A field of an ndarray map, under a bin key (openpi's packer) or a str key (other packers)."""
+    if key.encode() in m:
+        return m[key.encode()]
+    return m.get(key)
+
+
+def _dtype(value: Any) -> np.dtype:
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str) or len(value) > 8:
+        raise DecodeError(f"an array's dtype must be a short string such as '<f4', got {value!r}")
+    try:
+        dtype = np.dtype(value)
+    except TypeError as err:
+        raise DecodeError(f"unknown dtype {value!r}: {err}") from None
+    if dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise DecodeError(f"dtype {value!r} is refused: send bool, integer or float arrays (images as uint8)")
+    return dtype
+
+
+def _object_hook(m: dict) -> Any:
+    if _get(m, "__ndarray__") is True:
+        dtype = _dtype(_get(m, "dtype"))
+        shape, data = _get(m, "shape"), _get(m, "data")
+        if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
+            raise DecodeError(f"an array's shape must be a list of at most {MAX_NDIM} sizes, got {shape!r}")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise DecodeError(f"an array's shape must hold non-negative integers, got {shape!r}")
+        if not isinstance(data, bytes):
+            raise DecodeError(f"an array's data must be bytes (msgpack bin), got {type(data).__name__}")
+        expected = math.prod(shape) * dtype.itemsize
+        if expected != len(data):
+            raise DecodeError(f"an array of shape {list(shape)} and dtype {dtype.str} needs {expected} bytes, "
+                              f"got {len(data)}")  # fmt: skip
+        return np.frombuffer(data, dtype=dtype).reshape(shape)  # read-only view of the message's bytes
+    if _get(m, "__npgeneric__") is True:
+        dtype = _dtype(_get(m, "dtype"))
+        value = _get(m, "data")
+        if not isinstance(value, (bool, int, float)):
+            raise DecodeError(f"a numpy scalar's data must be a number, got {type(value).__name__}")
+        return dtype.type(value)
+    return m
+
+
+def _check_depth(obj: Any, depth: int = 0) -> None:
+    if depth > MAX_DEPTH:
+        raise DecodeError(f"the message nests deeper than {MAX_DEPTH} levels; send a flat map of arrays and strings")
+    if isinstance(obj, dict):
+        for value in obj.values():
+            _check_depth(value, depth + 1)
+    elif isinstance(obj, list):
+        for value in obj:
+            _check_depth(value, depth + 1)
+
+
+def unpackb(data: bytes) -> Any:
+    """Bytes from ``packb`` (or openpi's packer) -> the object, arrays as read-only numpy arrays.
+
+    Raises ``DecodeError`` for anything that is not plain msgpack with numeric arrays (see the module docstring).
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DecodeError(f"expected a binary message (msgpack), got {type(data).__name__}")
+
+    def no_ext(code: int, payload: bytes) -> Any:
+        raise DecodeError(f"msgpack extension type {code} is refused; send plain msgpack")
+
+    try:
+        # strict_map_key=False: openpi's ndarray maps use bin keys. max_*_len default to the message length.
+        obj = msgpack.unpackb(bytes(data), object_hook=_object_hook, ext_hook=no_ext, strict_map_key=False,
+                              raw=False, use_list=True)  # fmt: skip
+    except DecodeError:
+        raise
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as err:
+        raise DecodeError(f"not a msgpack message: {err}") from None
+    _check_depth(obj)
+    return obj

@@ -1,0 +1,364 @@
+"""The policy server: openpi's websocket protocol, with requests from concurrent clients decoded as one batch.
+
+    server = PolicyServer(VLAPolicy.from_pretrained(path), ServeConfig(port=8000))
+    server.run()                               # blocks; `vla serve --policy PATH` does this
+    handle = server.start_in_thread()          # tests and benchmarks: handle.port, handle.stop()
+
+The protocol (``openpi_client.websocket_client_policy.WebsocketClientPolicy`` drives it unchanged):
+- ``GET /healthz`` answers 200 without a handshake; anything else is a websocket handshake (an ``Authorization:
+  Api-Key <key>`` header is required when the server has a key: 401 without it, as openpi's client sends it).
+- On connect the server sends its metadata (a msgpack map: the policy's shapes, the keys it reads, the limits).
+- Each binary message is one observation (msgpack-numpy, ``vla.serve.codec``); each reply is a msgpack map
+  ``{"actions": float32 [T, D] (raw units), "server_timing": {"infer_ms", "queue_ms", "batch_size", "total_ms",
+  "prev_total_ms"}, "valid": bool, "tokens": int}`` plus ``"request_id"`` when the observation carried one.
+- A request that cannot be served (a malformed or oversize-for-the-policy observation, a full queue, a timeout) is
+  answered with a text frame ``"error: <what and how to fix it>"``, on which openpi's client raises, and the
+  connection stays open for the next observation (openpi's server sends the traceback and closes it). Messages over
+  ``max_message_bytes`` close the connection with websocket code 1009 (the limit is enforced while reading).
+
+Observation keys (after ``config.keys`` renames ``client key -> policy key`` and ``/`` is read as ``.``, so openpi-style
+``observation/state`` works): the state ``observation.state`` (or ``state``) as ``[S]`` numbers; each of the policy's
+cameras ``observation.images.<cam>`` (or ``images.<cam>``; ``image`` / ``observation.image`` for a one-camera policy)
+as uint8 ``[H, W, 3]`` (openpi's layout) or ``[3, H, W]``, or floats in [0, 1]; the instruction ``prompt`` (openpi's
+name) or ``task``. Images are resized on the server to the policy's size, so robots may send any resolution.
+
+Batching: one worker takes every request queued when it becomes free (waiting ``batch_window_ms`` after the first
+for others that arrive together), up to ``max_batch``, and runs them as one ``predict_action_chunk`` call in a worker
+thread, so the event loop keeps reading, answering health checks and timing out requests meanwhile. The queue is
+bounded (``max_queue``: a full queue answers "busy" at once rather than letting latency grow without bound); a
+request that times out or whose client vanished is skipped if not yet decoded and its result dropped if it was; a
+slow reader only ever blocks its own connection. If a batched call raises, its requests are retried one by one so
+that one bad observation fails alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from .codec import DecodeError, packb, unpackb
+from .observation import Item, ObservationReader, RequestError
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass
+class ServeConfig:
+    """How ``vla serve`` listens and batches. Every field is a ``vla serve`` option of the same name."""
+
+    host: str = "127.0.0.1"  # localhost only by default; "0.0.0.0" to accept robots on the network
+    port: int = 8000  # openpi's default; 0 picks a free port (tests)
+    api_key: str | None = None  # require "Authorization: Api-Key <key>" on connect (openpi's client sends it)
+    max_batch: int = 16  # most observations decoded in one call
+    batch_window_ms: float = 2.0  # after the first request, wait this long for others arriving together
+    max_queue: int = 64  # requests waiting for the policy; one more is answered "busy" at once
+    request_timeout_s: float = 10.0  # a request not answered by then gets an error reply (and is skipped)
+    max_message_bytes: int = 8 * 2**20  # larger messages close the connection (code 1009); 8 MiB fits 20 VGA images
+    max_clients: int = 64  # connections beyond this are refused with 503
+    keys: dict[str, str] = field(default_factory=dict)  # client key -> policy key, for robots with their own names
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("port", 0 <= self.port <= 65535, "use 0..65535 (0 = any free port)"),
+            ("max_batch", self.max_batch >= 1, "use at least 1"),
+            ("batch_window_ms", self.batch_window_ms >= 0, "use 0 or more milliseconds"),
+            ("max_queue", self.max_queue >= 1, "use at least 1"),
+            ("request_timeout_s", self.request_timeout_s > 0, "use a positive number of seconds"),
+            ("max_message_bytes", self.max_message_bytes >= 1024, "use at least 1024 bytes"),
+            ("max_clients", self.max_clients >= 1, "use at least 1"),
+            ("api_key", self.api_key is None or len(self.api_key) >= 8, "use a key of at least 8 characters"),
+        ]
+        for name, ok, fix in checks:
+            if not ok:
+                raise ValueError(f"ServeConfig.{name} = {getattr(self, name)!r} is invalid: {fix}")
+
+
+@dataclass
+class Pending:
+    item: Item
+    future: asyncio.Future
+    queued_at: float
+
+
+@dataclass
+class Result:
+    actions: np.ndarray  # float32 [T, D]
+    valid: bool
+    tokens: int
+    infer_ms: float  # the whole batched call this request was part of
+    queue_ms: float
+    batch_size: int
+
+
+@dataclass
+class ServerStats:
+    connections: int = 0  # open now
+    connections_total: int = 0
+    requests: int = 0  # answered with actions
+    errors: int = 0  # answered with an error reply
+    timeouts: int = 0
+    busy: int = 0  # refused because the queue was full
+    dropped: int = 0  # decoded for a client that had gone or timed out
+    batches: int = 0
+    batch_sizes: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "batch_sizes"}
+        d["batch_sizes"] = {str(k): v for k, v in sorted(self.batch_sizes.items())}
+        return d
+
+
+class PolicyServer:
+    """Serves ``policy`` (anything with ``config`` and ``predict_action_chunk(batch) -> [B, T, D]``, e.g. a
+    ``VLAPolicy``) over websockets; see the module docstring for the protocol."""
+
+    def __init__(self, policy, config: ServeConfig | None = None):
+        self.policy = policy
+        self.config = config or ServeConfig()
+        c = policy.config
+        image_size = getattr(c, "image_size", None) or getattr(getattr(policy, "model", None), "image_size", None)
+        self.reader = ObservationReader(c.state_dim, list(c.image_keys), image_size, self.config.keys)
+        self.stats = ServerStats()
+        self.metadata = {
+            "server": "vla serve",
+            "protocol": PROTOCOL_VERSION,
+            "policy": {
+                "time_horizon": int(c.time_horizon),
+                "n_action_steps": int(c.n_action_steps),
+                "action_dim": int(c.action_dim),
+                "state_dim": int(c.state_dim),
+                "image_keys": list(c.image_keys),
+                "image_size": image_size,
+            },
+            "observation": self.reader.expected(),
+            "limits": {
+                "max_batch": self.config.max_batch,
+                "max_queue": self.config.max_queue,
+                "request_timeout_s": self.config.request_timeout_s,
+                "max_message_bytes": self.config.max_message_bytes,
+            },
+        }
+        self._queue: asyncio.Queue[Pending] | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # the inference thread, while serving
+
+    # --- inference (worker thread) -------------------------------------------------------------------------
+    def _predict(self, items: list[Item]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One batched call: actions float32 [B, T, D], valid bool [B], tokens int [B]."""
+        batch: dict[str, Any] = {"observation.state": torch.stack([it.state for it in items]),
+                                 "task": [it.task for it in items]}  # fmt: skip
+        for key in self.reader.image_keys:
+            batch[key] = torch.stack([it.images[key] for it in items])
+        with torch.inference_mode():
+            chunks = self.policy.predict_action_chunk(batch)
+        actions = chunks.detach().float().cpu().numpy() if hasattr(chunks, "detach") else np.asarray(chunks, np.float32)
+        if actions.ndim != 3 or len(actions) != len(items):
+            raise RuntimeError(f"the policy returned shape {list(actions.shape)} for {len(items)} observations")
+        info = getattr(self.policy, "last_decode_info", None)
+        valid = np.ones(len(items), dtype=bool)
+        tokens = np.zeros(len(items), dtype=np.int64)
+        if info is not None:
+            valid = np.asarray(info["valid"], dtype=bool).reshape(-1)[: len(items)]
+            tokens = np.asarray(info["tokens_per_chunk"]).reshape(-1)[: len(items)]
+        return actions.astype(np.float32, copy=False), valid, tokens
+
+    async def _run_batch(self, batch: list[Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        try:
+            actions, valid, tokens = await loop.run_in_executor(self._pool, self._predict, [p.item for p in batch])
+        except Exception as err:  # noqa: BLE001 - any failure is reported to its requests, never kills the worker
+            if len(batch) > 1:  # isolate the observation that fails
+                for p in batch:
+                    await self._run_batch([p])
+                return
+            logger.warning("inference failed: %s", err)
+            if not batch[0].future.done():
+                batch[0].future.set_exception(RequestError(f"the policy could not act on this observation: {err}"))
+            return
+        infer_ms = (time.perf_counter() - start) * 1000
+        self.stats.batches += 1
+        self.stats.batch_sizes[len(batch)] += 1
+        for i, p in enumerate(batch):
+            if p.future.done():  # timed out, or the client left while this batch decoded
+                self.stats.dropped += 1
+                continue
+            queue_ms = (start - p.queued_at) * 1000
+            p.future.set_result(Result(actions[i], bool(valid[i]), int(tokens[i]), infer_ms, queue_ms, len(batch)))
+
+    async def _worker(self) -> None:
+        queue = self._queue
+        window = self.config.batch_window_ms / 1000
+        while True:
+            batch = [await queue.get()]
+            if window > 0 and queue.empty() and len(batch) < self.config.max_batch:
+                await asyncio.sleep(window)  # others sent in the same instant join this batch
+            while len(batch) < self.config.max_batch and not queue.empty():
+                batch.append(queue.get_nowait())
+            live = [p for p in batch if not p.future.done()]
+            self.stats.dropped += len(batch) - len(live)
+            groups: dict[tuple, list[Pending]] = {}
+            for p in live:
+                groups.setdefault(p.item.group, []).append(p)
+            for group in groups.values():
+                try:
+                    await self._run_batch(group)
+                except Exception:  # noqa: BLE001 - a bug here must not stop the worker (every later request would wait)
+                    logger.exception("batch failed")
+                    for p in group:
+                        if not p.future.done():
+                            p.future.set_exception(RequestError("internal server error (logged on the server)"))
+
+    # --- connections ---------------------------------------------------------------------------------------
+    def _process_request(self, connection: ServerConnection, request):
+        if request.path.split("?")[0] == "/healthz":
+            return connection.respond(200, "OK\n")
+        key = self.config.api_key
+        if key is not None:
+            sent = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Api-Key {key}".encode()):
+                logger.info("refused a connection from %s: no or wrong API key", connection.remote_address)
+                return connection.respond(401, "a valid 'Authorization: Api-Key <key>' header is required\n")
+        if request.path.split("?")[0] == "/stats":
+            return connection.respond(200, json.dumps(self.stats.as_dict()) + "\n")
+        if self.stats.connections >= self.config.max_clients:
+            return connection.respond(503, f"the server holds its limit of {self.config.max_clients} clients\n")
+        return None
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        self.stats.connections += 1
+        self.stats.connections_total += 1
+        prev_total_ms = None
+        try:
+            await ws.send(packb(self.metadata))
+            async for message in ws:
+                start = time.perf_counter()
+                try:
+                    result, item = await self._serve_one(message)
+                except RequestError as err:
+                    self.stats.errors += 1
+                    await ws.send(f"error: {err}")  # a text frame: openpi's client raises RuntimeError with it
+                    continue
+                total_ms = (time.perf_counter() - start) * 1000
+                reply = {
+                    "actions": result.actions,
+                    "valid": result.valid,
+                    "tokens": result.tokens,
+                    "server_timing": {"infer_ms": result.infer_ms, "queue_ms": result.queue_ms,
+                                      "batch_size": result.batch_size, "total_ms": total_ms},  # fmt: skip
+                }
+                if prev_total_ms is not None:
+                    reply["server_timing"]["prev_total_ms"] = prev_total_ms
+                if item.request_id is not None:
+                    reply["request_id"] = item.request_id
+                await ws.send(packb(reply))
+                self.stats.requests += 1
+                prev_total_ms = total_ms
+        except ConnectionClosed:
+            pass
+        finally:
+            self.stats.connections -= 1
+
+    async def _serve_one(self, message) -> tuple[Result, Item]:
+        if isinstance(message, str):
+            raise RequestError("send observations as binary msgpack frames, not text")
+        try:
+            item = self.reader(unpackb(message))
+        except DecodeError as err:
+            raise RequestError(str(err)) from None
+        future = asyncio.get_running_loop().create_future()
+        try:
+            self._queue.put_nowait(Pending(item, future, time.perf_counter()))
+        except asyncio.QueueFull:
+            self.stats.busy += 1
+            raise RequestError(f"server busy: {self.config.max_queue} requests already queued; retry shortly") from None
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.config.request_timeout_s), item
+        except TimeoutError:
+            future.cancel()  # the worker skips it, or drops its result
+            self.stats.timeouts += 1
+            raise RequestError(f"no result within {self.config.request_timeout_s} s (request timeout)") from None
+
+    # --- running -------------------------------------------------------------------------------------------
+    async def serve(self, started: threading.Event | None = None, stop: asyncio.Event | None = None) -> None:
+        """Serve until ``stop`` is set (forever without one)."""
+        self._queue = asyncio.Queue(maxsize=self.config.max_queue)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-serve-infer")
+        worker = asyncio.create_task(self._worker())
+        c = self.config
+        async with serve(self._handler, c.host, c.port, process_request=self._process_request, compression=None,
+                         max_size=c.max_message_bytes, max_queue=4) as server:  # fmt: skip
+            self.port = server.sockets[0].getsockname()[1]
+            logger.info("serving on ws://%s:%d (healthz: http://%s:%d/healthz)", c.host, self.port, c.host, self.port)
+            if started is not None:
+                started.set()
+            try:
+                await (stop.wait() if stop is not None else asyncio.Future())
+            finally:
+                worker.cancel()
+                self._pool.shutdown(wait=False)
+
+    def run(self) -> None:
+        """Serve forever in this thread (Ctrl-C stops it)."""
+        try:
+            asyncio.run(self.serve())
+        except KeyboardInterrupt:
+            pass
+
+    def start_in_thread(self) -> ServerHandle:
+        """Serve from a daemon thread; returns once listening. ``handle.stop()`` shuts it down."""
+        return ServerHandle(self)
+
+
+class ServerHandle:
+    """A server running in a background thread (tests, benchmarks, a robot process hosting its own policy)."""
+
+    def __init__(self, server: PolicyServer):
+        self.server = server
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        started = threading.Event()
+        self._error: BaseException | None = None
+
+        def main() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(server.serve(started, self._stop))
+            except BaseException as err:  # noqa: BLE001 - reported to the thread that started us
+                self._error = err
+                started.set()
+            finally:
+                self._loop.close()
+
+        self._thread = threading.Thread(target=main, name="vla-serve", daemon=True)
+        self._thread.start()
+        started.wait(timeout=30)
+        if self._error is not None:
+            raise self._error
+        self.port: int = server.port
+        self.host: str = server.config.host
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout)
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
