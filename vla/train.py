@@ -154,7 +154,9 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     # LeRobot's presets from the policy config: the same optimiser and schedule under lerobot-train.
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = policy.config.get_optimizer_preset().build(params)
-    scheduler = policy.config.get_scheduler_preset().build(optimizer, cfg.steps)
+    # LeRobot's preset shrinks its warm-up and decay to a run shorter than scheduler_decay_steps; here the schedule is a
+    # function of the step alone, so a run resumed with more --steps continues the schedule it started.
+    scheduler = policy.config.get_scheduler_preset().build(optimizer, max(cfg.steps, policy.config.scheduler_decay_steps))
     start_step, ema = 0, None
     if resume_from:
         start_step, ema = load_checkpoint(resume_from, policy, optimizer)
