@@ -358,3 +358,26 @@ def test_video_camera_decodes_or_is_skipped(tiny_video_dataset_root, tmp_path, m
     memory = ActionChunkDataset(copy, 4, image_keys=[], backend="memory")[5]
     np.testing.assert_array_equal(memory["action"].numpy(), sample["action"].numpy())
     assert action_chunks(copy, 4)[0].shape == (24, 4, 2)
+
+
+def test_data_stats_writes_exact_quantiles_that_lerobot_then_reads(tiny_dataset_root, tmp_path, capsys):
+    """`vla data stats`: LeRobot's averaged per-episode quantiles replaced by the frames' own, original kept."""
+    from vla.cli import main
+
+    root = tmp_path / "ds"
+    shutil.copytree(tiny_dataset_root, root)
+    before = (root / "meta" / "stats.json").read_text()
+    assert main(["data", "stats", str(root)]) == 0 and "stats.json.orig" in capsys.readouterr().out
+    assert (root / "meta" / "stats.json.orig").read_text() == before
+    written = load_stats(root)
+    exact = frame_stats(root, ["action", "observation.state"])
+    for key in ("action", "observation.state"):
+        for q in ("q01", "q10", "q50", "q90", "q99", "min", "max"):
+            np.testing.assert_allclose(written[key][q], exact[key][q])
+    goal = slice(36, 38)  # goal x, y: constant within an episode, collapsed in LeRobot's stats, real in the exact ones
+    assert (written["observation.state"]["q99"][goal] - written["observation.state"]["q01"][goal] > 1e-6).all()
+    assert set(json.loads(before)) == set(json.loads((root / "meta" / "stats.json").read_text()))  # other keys kept
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+
+    meta = LeRobotDatasetMetadata("local/ds", root=root)
+    np.testing.assert_allclose(np.asarray(meta.stats["action"]["q99"]), exact["action"]["q99"])

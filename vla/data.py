@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
-from vla.io import read_json
+from vla.io import atomic_write_text, read_json, write_json
 from vla.names import suggestion
 
 STATE = OBS_STATE
@@ -176,11 +176,24 @@ def frame_stats(
     stats = {}
     for name in features:
         x = frames[name].astype(np.float64)
-        stats[name] = {
-            "min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0),
-            "q01": np.quantile(x, 0.01, axis=0), "q99": np.quantile(x, 0.99, axis=0), "count": np.array([len(x)]),
-        }  # fmt: skip
+        stats[name] = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0), "count": np.array([len(x)])}
+        stats[name] |= {f"q{round(q * 100):02d}": np.quantile(x, q, axis=0) for q in (0.01, 0.10, 0.50, 0.90, 0.99)}
     return stats
+
+
+def write_exact_stats(root: str | Path | DatasetInfo) -> Path:
+    """Replace ``meta/stats.json``'s entries for the action and state with exact statistics of every frame (LeRobot's
+    layout, so every LeRobot policy trained on the dataset normalises with them); the original is kept beside it as
+    ``stats.json.orig`` (once), and the new file is written atomically. Returns the new file's path."""
+    info = as_info(root)
+    path = info.root / "meta" / "stats.json"
+    old = read_json(path, "dataset stats") if path.is_file() else {}
+    exact = frame_stats(info, [f for f in (ACTION, STATE) if f in info.features])
+    if path.is_file() and not (info.root / "meta" / "stats.json.orig").exists():
+        atomic_write_text(info.root / "meta" / "stats.json.orig", path.read_text())
+    new = old | {name: {k: v.tolist() for k, v in entry.items()} for name, entry in exact.items()}
+    write_json(path, new)
+    return path
 
 
 def nonfinite(frames: dict[str, np.ndarray], features: list[str]) -> dict[str, str]:

@@ -3,6 +3,7 @@
     vla data record                                   # the demo's dataset: push-v3, 100 episodes, state only
     vla data record --env metaworld --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128
     vla data info DIR
+    vla data stats DIR                                # exact frame statistics into meta/stats.json
 """
 
 from __future__ import annotations
@@ -83,6 +84,16 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
     rec.set_defaults(func=_record)
 
+    stats = sub.add_parser(
+        "stats",
+        help="write exact frame statistics into meta/stats.json (LeRobot's are averaged per-episode quantiles)",
+        description="Replace meta/stats.json's action and state entries with exact statistics of every frame "
+        "(min, max, mean, std, q01..q99), keeping the original as meta/stats.json.orig, so that any LeRobot policy "
+        "trained on the dataset normalises with real quantiles (lerobot issue #4156).",
+    )
+    stats.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
+    stats.set_defaults(func=_stats)
+
     info = sub.add_parser("info", help="describe a LeRobot dataset (episodes, features, recording)")
     info.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
     info.add_argument("--json", action="store_true", help="print the recording metadata as JSON too")
@@ -120,6 +131,14 @@ def _record(args: argparse.Namespace) -> int:
         f"(length min {min(lengths)}, mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)}) "
         f"to {summary['root']} in {summary['seconds']:.1f} s"
     )
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from vla.data import write_exact_stats
+
+    print(f"wrote exact frame statistics of the action and state to {write_exact_stats(args.root)} "
+          "(the original kept as stats.json.orig)")  # fmt: skip
     return 0
 
 
