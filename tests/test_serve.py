@@ -175,7 +175,7 @@ def test_openpi_client_drives_the_server(policy):
         assert reply["server_timing"]["infer_ms"] > 0 and reply["valid"] is True
         np.testing.assert_allclose(reply["actions"], expected, rtol=1e-5, atol=1e-5)
         # a malformed observation: openpi's client raises on the error reply, and the same connection still works
-        with pytest.raises(RuntimeError, match="observation.state has shape"):
+        with pytest.raises(RuntimeError, match=r"observation.state'\] has shape \(1, 7\)"):
             client.infer(observation(1) | {"observation/state": np.zeros(S + 2, np.float32)})
         with pytest.raises(RuntimeError, match="lacks camera"):
             client.infer({"observation/state": np.zeros(S, np.float32), "prompt": TASK})
@@ -269,11 +269,9 @@ def test_a_vanished_or_idle_client_never_stalls_the_others():
             ws.recv(timeout=10)
             ws.send(packb(stub_obs(1.0)))
             ws.socket.close()  # gone without a closing handshake
-        with PolicyClient("127.0.0.1", handle.port) as client:
-            start = time.perf_counter()
+        with PolicyClient("127.0.0.1", handle.port, timeout_s=30) as client:  # a stall would end in its timeout
             for i in range(3):
                 assert client.infer(stub_obs(float(i)))["actions"][0, 0] == i
-            assert time.perf_counter() - start < 5.0
         idle.close()
         assert http_status(handle.port, "/healthz") == 200
 
@@ -323,12 +321,10 @@ def test_load_n_clients_by_m_requests_none_lost_and_healthy_after(policy):
                 failures.append(repr(err))
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-        start = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join(120)
-        elapsed = time.perf_counter() - start
         assert not failures, failures
         assert len(results) == n * m  # none lost
         assert all(reply["request_id"] == i * 1000 + r for (i, r), reply in results.items())  # each matched
@@ -336,7 +332,6 @@ def test_load_n_clients_by_m_requests_none_lost_and_healthy_after(policy):
         assert http_status(handle.port, "/healthz") == 200
         stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{handle.port}/stats", timeout=5).read())
         assert stats["requests"] == n * m and stats["errors"] == 0 and stats["connections"] == 0
-        print(f"\nload: {n} clients x {m} requests in {elapsed:.2f} s; batch sizes {stats['batch_sizes']}")
 
 
 def test_client_reconnects_after_a_server_restart():

@@ -89,8 +89,7 @@ def load_checkpoint(path: Path, policy, optimizer) -> tuple[int, dict[str, torch
 
 def remove_debris(run: Path) -> list[Path]:
     """Delete what a killed atomic save left behind (hidden ``.NAME.tmp-*`` / ``.NAME.old-*`` folders and files)."""
-    found = [p for folder in (run, run / CHECKPOINTS) if folder.is_dir() for p in folder.glob(".*.tmp-*")]
-    found += [p for folder in (run, run / CHECKPOINTS) if folder.is_dir() for p in folder.glob(".*.old-*")]
+    found = [p for folder in (run, run / CHECKPOINTS) for pattern in (".*.tmp-*", ".*.old-*") for p in folder.glob(pattern)]
     for path in found:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return found
@@ -118,10 +117,10 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
         raise ValueError(f"--resume=true but {run / CHECKPOINTS} holds no checkpoint; drop --resume to start fresh")
     saved = read_json(run / CONFIG, "the run's config") if (run / CONFIG).is_file() else None
     if saved is not None:
-        changed = sorted(k for k in _flatten(encoded).keys() | _flatten(saved).keys()
-                         if k.split(".")[0] not in CHANGEABLE and _flatten(encoded).get(k) != _flatten(saved).get(k))  # fmt: skip
+        new, old = _flatten(encoded), _flatten(saved)
+        changed = sorted(k for k in new.keys() | old.keys() if k.split(".")[0] not in CHANGEABLE and new.get(k) != old.get(k))
         if changed:
-            detail = "; ".join(f"{k}: {_flatten(saved).get(k)!r} -> {_flatten(encoded).get(k)!r}" for k in changed[:6])
+            detail = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:6])
             raise ValueError(f"--resume=true with settings that cannot change mid-run ({detail}); resume with the "
                              f"run's own settings (see {run / CONFIG}), or start a new run in another --output_dir")  # fmt: skip
     for path in remove_debris(run):

@@ -35,8 +35,7 @@ from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 from vla.io import atomic_write_text, read_json, write_json
 from vla.names import suggestion
 
-STATE = OBS_STATE
-IMAGE_PREFIX = OBS_IMAGES + "."
+IMAGE_PREFIX = OBS_IMAGES + "."  # camera keys: observation.images.<camera> (the one definition)
 CODEBASE_VERSION = "v3.0"
 RECORDING_FILE = "meta/recording.json"  # written by vla.sim.record, absent elsewhere
 _NUMERIC_DTYPES = {
@@ -115,7 +114,7 @@ def dataset_info(root: str | Path) -> DatasetInfo:
         )
     features: dict[str, dict] = info.get("features", {})
     _check_numeric(root, features, ACTION, required=True)
-    _check_numeric(root, features, STATE, required=False)
+    _check_numeric(root, features, OBS_STATE, required=False)
 
     episodes = _read_episode_table(root)
     return DatasetInfo(
@@ -126,7 +125,7 @@ def dataset_info(root: str | Path) -> DatasetInfo:
         features=features,
         camera_keys=[k for k, ft in features.items() if ft.get("dtype") in _CAMERA_DTYPES],
         action_dim=int(np.prod(features[ACTION]["shape"])),
-        state_dim=int(np.prod(features[STATE]["shape"])) if STATE in features else None,
+        state_dim=int(np.prod(features[OBS_STATE]["shape"])) if OBS_STATE in features else None,
         action_names=_flat_names(features[ACTION].get("names")),
         tasks=_read_tasks(root),
         robot_type=info.get("robot_type"),
@@ -188,7 +187,7 @@ def write_exact_stats(root: str | Path | DatasetInfo) -> Path:
     info = as_info(root)
     path = info.root / "meta" / "stats.json"
     old = read_json(path, "dataset stats") if path.is_file() else {}
-    exact = frame_stats(info, [f for f in (ACTION, STATE) if f in info.features])
+    exact = frame_stats(info, [f for f in (ACTION, OBS_STATE) if f in info.features])
     if path.is_file() and not (info.root / "meta" / "stats.json.orig").exists():
         atomic_write_text(info.root / "meta" / "stats.json.orig", path.read_text())
     new = old | {name: {k: v.tolist() for k, v in entry.items()} for name, entry in exact.items()}
@@ -211,7 +210,7 @@ def nonfinite(frames: dict[str, np.ndarray], features: list[str]) -> dict[str, s
 def check_values(root: str | Path | DatasetInfo) -> dict[str, str]:
     """NaN/inf in the dataset's action and state, by feature (empty when clean): what ``vla data info`` reports."""
     info = as_info(root)
-    features = [f for f in (ACTION, STATE) if f in info.features]
+    features = [f for f in (ACTION, OBS_STATE) if f in info.features]
     return nonfinite(_read_frames(info, info.episode_index.tolist(), features), features)
 
 

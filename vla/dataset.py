@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from lerobot.utils.constants import ACTION, OBS_STATE
+
 from vla.data import (
-    ACTION,
-    STATE,
     DatasetInfo,
     _check_episodes,
     _check_image_keys,
@@ -97,7 +97,7 @@ class ActionChunkDataset(torch.utils.data.Dataset):
         self.info = as_info(root)
         if self.info.state_dim is None:
             raise ValueError(
-                f"{self.info.root} has no '{STATE}' feature (it has {sorted(self.info.features)}); "
+                f"{self.info.root} has no '{OBS_STATE}' feature (it has {sorted(self.info.features)}); "
                 "the policy's prefix needs the robot state"
             )
         self.time_horizon = time_horizon
@@ -114,7 +114,7 @@ class ActionChunkDataset(torch.utils.data.Dataset):
                 )
             selected = _check_episodes(self.info, episodes)
             _check_time_horizon(self.info, time_horizon, selected)
-            self._frames = _read_frames(self.info, selected, [STATE, ACTION])
+            self._frames = _read_frames(self.info, selected, [OBS_STATE, ACTION])
             self._length = len(self._frames["index"])
         else:
             raise ValueError(f"backend must be 'lerobot' or 'memory', got {backend!r}")
@@ -127,7 +127,7 @@ class ActionChunkDataset(torch.utils.data.Dataset):
             return self._memory_sample(int(i))
         item = self.lerobot[i]
         sample = {
-            STATE: item[STATE].float().reshape(-1),  # [S]
+            OBS_STATE: item[OBS_STATE].float().reshape(-1),  # [S]
             "task": item["task"],
             ACTION: item[ACTION].float(),  # [T, D]
             f"{ACTION}_is_pad": item[f"{ACTION}_is_pad"].bool(),  # [T]
@@ -143,7 +143,7 @@ class ActionChunkDataset(torch.utils.data.Dataset):
         chunk, is_pad = _chunks_at(self._frames, np.array([i]), self.time_horizon)
         task_index = self._frames.get("task_index")
         return {
-            STATE: torch.from_numpy(self._frames[STATE][i].astype(np.float32)),  # [S]
+            OBS_STATE: torch.from_numpy(self._frames[OBS_STATE][i].astype(np.float32)),  # [S]
             "task": self.info.tasks[int(task_index[i])] if task_index is not None else "",
             ACTION: torch.from_numpy(chunk[0]),  # [T, D]
             f"{ACTION}_is_pad": torch.from_numpy(is_pad[0]),  # [T]

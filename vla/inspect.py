@@ -144,8 +144,7 @@ def inspect_policy(policy: VLAPolicy | str | Path, out_dir: str | Path, dataset:
     fig.savefig(out_dir / "attention_mask.png", dpi=120)
     plt.close(fig)
 
-    observation = {k: v[:1] if hasattr(v, "__getitem__") and not isinstance(v, str) else v for k, v in batch.items()
-                   if k not in ("action", "action_is_pad")}  # fmt: skip
+    observation = {k: v[:1] for k, v in batch.items() if k not in (ACTION, "action_is_pad")}  # row 0, no actions
     trace = trace_decoding(policy, observation)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6, len(trace) * 0.5), 5), sharex=True)
     for step, t in enumerate(trace):

@@ -29,13 +29,13 @@ import torch
 import torch.nn.functional as F
 
 import action_tokenizers as at
-from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
+from lerobot.utils.constants import ACTION, OBS_STATE
 
+from .data import IMAGE_PREFIX
 from .names import suggestion
 from .sequence import SequenceLayout
 
 Batch = dict[str, Any]
-IMAGE_PREFIX = OBS_IMAGES + "."
 IMAGES, ACTION_IDS, SEQUENCE = "images", "action_ids", "sequence"
 
 
@@ -58,16 +58,7 @@ class CheckBatch:
     def __call__(self, batch: Batch) -> Batch:
         if not isinstance(batch, dict):
             raise ValueError(f"the batch must be a dict of arrays, got {type(batch).__name__}")
-        state = _numpy(batch, OBS_STATE)
-        state = state[None] if state.ndim == 1 else state
-        if state.ndim != 2 or state.shape[1] != self.state_dim:
-            raise ValueError(
-                f"batch['{OBS_STATE}'] has shape {tuple(state.shape)} but the policy was trained on a "
-                f"{self.state_dim}-D state; pass [B, {self.state_dim}] (was the robot or the state key changed?)"
-            )
-        if not np.isfinite(state).all():
-            row = int(np.flatnonzero(~np.isfinite(state).all(axis=1))[0])
-            raise ValueError(f"batch['{OBS_STATE}'] holds NaN or inf (row {row}); check the robot's state reading")
+        state = checked_state(_numpy(batch, OBS_STATE), self.state_dim)
         tasks = batch.get("task")
         if tasks is None:
             raise ValueError("the batch lacks 'task' (the instruction, a string per sample); add e.g. batch['task'] = ['push']")
@@ -127,19 +118,37 @@ class StackImages:
         if not self.keys:
             return batch
         b = len(batch[OBS_STATE])
-        return {**batch, IMAGES: torch.stack([self._one(batch[k], k, b) for k in self.keys], dim=1)}
+        return {**batch, IMAGES: torch.stack([camera_image(batch[k], k, b, self.size) for k in self.keys], dim=1)}
 
-    def _one(self, image: Any, key: str, b: int) -> torch.Tensor:
-        img = torch.as_tensor(np.asarray(image) if not isinstance(image, torch.Tensor) else image)
-        img = img[None] if img.ndim == 3 else img
-        if img.ndim != 4 or img.shape[0] != b or img.shape[1] != 3:
-            raise ValueError(f"batch['{key}'] has shape {tuple(img.shape)}; expected [B={b}, 3, H, W] (channels first)")
-        img = img.float() / 255.0 if img.dtype == torch.uint8 else img.float()
-        if not torch.isfinite(img).all():
-            raise ValueError(f"batch['{key}'] holds NaN or inf; check the camera")
-        if img.shape[-2:] != (self.size, self.size):
-            img = F.interpolate(img, size=(self.size, self.size), mode="bilinear", antialias=True)
-        return img
+
+def checked_state(state: np.ndarray, state_dim: int) -> np.ndarray:
+    """A state ``[S]`` or ``[B, S]`` -> float64 ``[B, S]``, or a ``ValueError`` naming the shape or the NaN."""
+    state = np.asarray(state, dtype=np.float64)
+    state = state[None] if state.ndim == 1 else state
+    if state.ndim != 2 or state.shape[1] != state_dim:
+        raise ValueError(
+            f"batch['{OBS_STATE}'] has shape {tuple(state.shape)} but the policy was trained on a "
+            f"{state_dim}-D state; pass [B, {state_dim}] (was the robot or the state key changed?)"
+        )
+    if not np.isfinite(state).all():
+        row = int(np.flatnonzero(~np.isfinite(state).all(axis=1))[0])
+        raise ValueError(f"batch['{OBS_STATE}'] holds NaN or inf (row {row}); check the robot's state reading")
+    return state
+
+
+def camera_image(image: Any, key: str, b: int, size: int | None) -> torch.Tensor:
+    """One camera ``[B, 3, H, W]`` (or ``[3, H, W]``; uint8 or float in [0, 1]) -> float ``[B, 3, size, size]``
+    (``size=None`` keeps the camera's own size)."""
+    img = torch.as_tensor(image)
+    img = img[None] if img.ndim == 3 else img
+    if img.ndim != 4 or img.shape[0] != b or img.shape[1] != 3:
+        raise ValueError(f"batch['{key}'] has shape {tuple(img.shape)}; expected [B={b}, 3, H, W] (channels first)")
+    img = img.float() / 255.0 if img.dtype == torch.uint8 else img.float()
+    if not torch.isfinite(img).all():
+        raise ValueError(f"batch['{key}'] holds NaN or inf; check the camera")
+    if size is not None and img.shape[-2:] != (size, size):
+        img = F.interpolate(img, size=(size, size), mode="bilinear", antialias=True)
+    return img
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,6 @@ registry as ``vla``), ``modeling_vla`` (``VLAPolicy``), ``processor_vla`` (LeRob
 
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.modeling_vla import DecodeInfo, DecodeStats, VLAPolicy
-from vla.policy.processor_vla import lerobot_eval, lerobot_train, make_vla_pre_post_processors
+from vla.policy.processor_vla import make_vla_pre_post_processors
 
-__all__ = ["DecodeInfo", "DecodeStats", "VLAConfig", "VLAPolicy", "lerobot_eval", "lerobot_train", "make_vla_pre_post_processors"]
+__all__ = ["DecodeInfo", "DecodeStats", "VLAConfig", "VLAPolicy", "make_vla_pre_post_processors"]

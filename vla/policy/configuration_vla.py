@@ -14,14 +14,14 @@ from typing import Any
 
 from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature, PreTrainedConfig
 from lerobot.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
-from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
+from lerobot.utils.constants import ACTION, OBS_STATE
 
 from action_tokenizers.normalize import NORM_MODES
+from vla.data import IMAGE_PREFIX
 from vla.model import PRESETS
 from vla.names import suggestion
 from vla.sequence import ATTENTIONS, STATE_ENCODINGS
 
-IMAGE_PREFIX = OBS_IMAGES + "."
 DTYPES = ("float32", "bfloat16")
 
 

@@ -1,5 +1,6 @@
 """LeRobot's processor pipelines for the VLA policy (``make_vla_pre_post_processors``, found by LeRobot's factory by
-its naming convention), and LeRobot's entry points with the policy registered.
+its naming convention), and the check that a folder's processor files name only these steps. LeRobot's own commands
+find the policy through the plugin distribution in ``plugin/``.
 
 The pipelines batch observations and move them to the device on the way in, and move actions back to the CPU on
 the way out. Normalisation, tokenising and packing are the policy's own data pipeline (``vla.pipeline``), run by
@@ -47,19 +48,3 @@ def make_vla_pre_post_processors(config, dataset_stats: dict | None = None):
         input_steps=[steps.rename_observations, steps.add_batch_dim, steps.to_device],
         output_steps=[steps.to_cpu],
     )
-
-
-def lerobot_train() -> None:
-    """``lerobot-train`` with this policy registered: ``--policy.type=vla --policy.action_tokenizer_path=...``."""
-    import vla.policy  # noqa: F401  (registers the config)
-    from lerobot.scripts.lerobot_train import main
-
-    main()
-
-
-def lerobot_eval() -> None:
-    """``lerobot-eval`` with this policy registered: ``--policy.path=<folder save_pretrained wrote>``."""
-    import vla.policy  # noqa: F401
-    from lerobot.scripts.lerobot_eval import main
-
-    main()

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+from vla.pipeline import camera_image, checked_state
 
 MAX_TASK_CHARS = 1000
 MAX_IMAGE_SIDE = 4096
@@ -75,18 +76,13 @@ class ObservationReader:
         if "observation.state" not in obs:
             raise RequestError(f"the observation lacks 'observation.state' (keys sent: {', '.join(sorted(obs))}); "
                                f"send the robot state as float [{self.state_dim}]")  # fmt: skip
-        state = obs["observation.state"]
-        try:
-            state = np.asarray(state, dtype=np.float32)
-        except (TypeError, ValueError):
-            raise RequestError(f"observation.state must be numbers, got {type(obs['observation.state']).__name__}")
-        if state.ndim == 2 and state.shape[0] == 1:
-            state = state[0]
-        if state.shape != (self.state_dim,):
-            raise RequestError(f"observation.state has shape {list(state.shape)}; this policy reads [{self.state_dim}]")
-        if not np.isfinite(state).all():
-            raise RequestError("observation.state holds NaN or infinite values")
-        return torch.from_numpy(state.copy())
+        try:  # the policy pipeline's own check: one observation, [S] or [1, S]
+            state = checked_state(np.asarray(obs["observation.state"], dtype=np.float32), self.state_dim)
+        except (TypeError, ValueError) as err:
+            raise RequestError(str(err) if isinstance(err, ValueError) else "observation.state must be numbers") from None
+        if len(state) != 1:
+            raise RequestError(f"observation.state holds {len(state)} states; send one observation per message")
+        return torch.from_numpy(state[0].astype(np.float32))
 
     def _image(self, obs: dict[str, Any], key: str) -> torch.Tensor:
         if key not in obs:
@@ -104,17 +100,12 @@ class ObservationReader:
             raise RequestError(f"camera {key!r} has shape {list(image.shape)}; send [H, W, 3] or [3, H, W] RGB")
         if not (1 <= min(image.shape[1:]) and max(image.shape[1:]) <= MAX_IMAGE_SIDE):
             raise RequestError(f"camera {key!r} is {list(image.shape)}; sides must be 1..{MAX_IMAGE_SIDE} pixels")
-        # np.array copies: arrays read from a message are read-only views of its bytes
-        if image.dtype == np.uint8:
-            x = torch.from_numpy(np.array(image)).float() / 255.0
-        else:
-            x = torch.from_numpy(np.array(image, dtype=np.float32))
-            if not torch.isfinite(x).all():
-                raise RequestError(f"camera {key!r} holds NaN or infinite values")
-        size = self.image_size
-        if size and tuple(x.shape[1:]) != (size, size):  # the same resize the policy would do, done here to batch
-            x = F.interpolate(x[None], size=(size, size), mode="bilinear", antialias=True)[0]
-        return x
+        # np.array copies (arrays read from a message are read-only views of its bytes); the policy pipeline's own
+        # conversion and resize, done here so that robots with other camera sizes share one batch
+        try:
+            return camera_image(np.array(image), key, 1, self.image_size)[0]
+        except ValueError as err:
+            raise RequestError(str(err)) from None
 
     @staticmethod
     def _task(obs: dict[str, Any]) -> str:

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
+from lerobot.utils.constants import ACTION, OBS_STATE
 
+from vla.data import IMAGE_PREFIX
 from vla.names import check_name
 from vla.sim import Family, register
 
@@ -40,7 +41,6 @@ _FRAME_NAMES = (
 STATE_NAMES = _FRAME_NAMES + [f"prev_{n}" for n in _FRAME_NAMES] + ["goal_x", "goal_y", "goal_z"]
 STATE_DIM = len(STATE_NAMES)  # 39
 
-IMAGE_PREFIX = OBS_IMAGES + "."
 DEFAULT_CAMERA = "corner2"
 DEFAULT_IMAGE_SIZE = 128  # pixels (square) when cameras are asked for without a size
 DEFAULT_MAX_STEPS = 500  # Meta-World's own episode limit (max_path_length)
@@ -306,7 +306,7 @@ class ExpertPolicy:
 register(
     Family(
         name="metaworld",
-        tasks=lambda: task_names(),
+        tasks=task_names,
         make_env=MetaWorldEnv,
         make_expert=ExpertPolicy,
         default_task="push-v3",

@@ -287,9 +287,8 @@ def ensure_dataset(
     is recorded again in its place; a dataset without ``meta/recording.json`` (not ours) is used as it is.
     """
     root = Path(root)
-    family, task = env_name.split("/") if env_name.count("/") == 1 else (None, None)
-    split_name(env_name)
-    wanted = {"env": family, "task": task, "episodes": int(episodes), "action_noise": float(action_noise)}
+    fam, task = split_name(env_name)
+    wanted = {"env": fam.name, "task": task, "episodes": int(episodes), "action_noise": float(action_noise)}
     if (root / "meta" / "info.json").is_file():
         recorded = read_recording(root)
         if recorded is None:
