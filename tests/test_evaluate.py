@@ -54,4 +54,18 @@ def test_demo_quick_reports_every_tokenizer(tmp_path):
     for row in result["tokenizers"].values():
         assert 0.0 <= row["success_rate"] <= 1.0 and np.isfinite(row["final_loss"])
         assert row["valid_chunk_rate"] == 1.0
-    assert (tmp_path / "demo.png").stat().st_size > 1000 and (tmp_path / "demo.md").is_file()
+        assert set(row["tasks"]) == {"drawer-open-v3", "drawer-close-v3"}  # the quick demo's two tasks
+    assert (tmp_path / "demo.png").stat().st_size > 1000 and (tmp_path / "demo_tasks.png").stat().st_size > 1000
+    assert "| drawer-close-v3 |" in (tmp_path / "demo.md").read_text()
+
+
+def test_evaluation_over_several_tasks_reports_each(tiny_policy, tmp_path):
+    names = "metaworld/drawer-open-v3,drawer-close-v3"
+    report = evaluate.evaluate(tiny_policy, names, episodes=2, max_steps=6, num_envs=4, out_dir=tmp_path, progress=False)
+    assert set(report["tasks"]) == {"metaworld/drawer-open-v3", "metaworld/drawer-close-v3"}
+    assert report["episodes"] == 4 and report["num_envs"] == 4
+    for task in report["tasks"].values():
+        assert task["episodes"] == 2 and task["lengths"] == [6, 6] and min(task["seeds"]) >= evaluate.EVAL_SEED_START
+    assert report["success_rate"] == np.mean([t["success_rate"] for t in report["tasks"].values()])
+    assert "| drawer-open-v3 |" in (tmp_path / "eval_tasks.md").read_text()
+    assert (tmp_path / "eval_tasks.png").stat().st_size > 1000

@@ -254,3 +254,53 @@ def test_ensure_dataset_records_again_only_when_the_settings_changed(tmp_path, m
     (root / "meta" / "recording.json").unlink()  # not recorded by us: used as it is, whatever it holds
     record_module.ensure_dataset(root, REACH, 5, log=said.append, progress=False)
     assert len(recorded) == 1
+
+
+def test_task_sets_and_lists_name_several_envs():
+    from vla.sim import env_names
+
+    mt10 = env_names("metaworld/mt10")
+    assert len(mt10) == 10 and "metaworld/drawer-close-v3" in mt10 and "metaworld/window-open-v3" in mt10
+    assert env_names("metaworld/drawer-open-v3, drawer-close-v3") == ["metaworld/drawer-open-v3", "metaworld/drawer-close-v3"]
+    with pytest.raises(ValueError, match="did you mean 'drawer-open-v3'"):
+        env_names("metaworld/drawr-open-v3")
+    with pytest.raises(ValueError, match="twice"):
+        env_names("metaworld/push-v3,push-v3")
+
+
+def test_multitask_recording_holds_every_task_with_its_instruction(tmp_path):
+    from vla.data import dataset_info
+    from vla.sim.record import read_recording, record
+
+    root = tmp_path / "two"
+    summary = record("metaworld/drawer-open-v3,drawer-close-v3", 2, root, progress=False)
+    assert summary["episodes"] == 4 and [t["task"] for t in summary["tasks"]] == ["drawer-open-v3", "drawer-close-v3"]
+    info = dataset_info(root)
+    assert info.num_episodes == 4
+    assert sorted(info.tasks) == ["open a drawer", "push and close a drawer"]  # plain sentences, not task names
+    recording = read_recording(root)
+    assert recording["episodes_per_task"] == 2 and recording["tasks"][1]["task_text"] == "push and close a drawer"
+
+
+def test_mixed_task_episodes_run_each_on_its_own_env():
+    from vla.sim.rollout import run_episodes
+
+    envs = [make_env("metaworld/reach-v3"), make_env("metaworld/drawer-close-v3")]
+    experts = {env.name: make_expert(env.name) for env in envs}
+    seen: list[str] = []
+
+    def policy(observations):
+        seen.extend(o["task"] for o in observations)
+        return [experts["metaworld/reach-v3" if o["task"].startswith("reach") else "metaworld/drawer-close-v3"](o)
+                for o in observations]  # fmt: skip
+
+    episodes = [("metaworld/drawer-close-v3", EVAL_SEED_START), ("metaworld/reach-v3", EVAL_SEED_START),
+                ("metaworld/drawer-close-v3", EVAL_SEED_START + 1)]  # fmt: skip
+    results = run_episodes(envs, policy, episodes)
+    assert [r.env for r in results] == [name for name, _ in episodes]
+    assert all(r.success for r in results)
+    assert {"reach a goal position", "push and close a drawer"} <= set(seen)
+    with pytest.raises(ValueError, match="no env runs"):
+        run_episodes(envs[:1], policy, episodes)
+    for env in envs:
+        env.close()

@@ -1,13 +1,18 @@
-"""``vla demo`` (what ``make demo`` runs): the whole pipeline on the embedded default, once per tokenizer.
+"""``vla demo`` (what ``make demo`` runs): one policy following instructions across Meta-World tasks, once per
+tokenizer.
 
-    record push-v3 demonstrations (if missing) -> for each of configs/{fast,bin,fsq}.yaml: fit the tokenizer on the
-    training episodes, train a tiny policy with that config's budget, evaluate it in closed loop on evaluation seeds
-    -> one table (tokenizer, tokens per chunk, training time, final loss, success rate, latency)
+    record expert demonstrations of every task into one dataset (if missing) -> for each of
+    configs/{fast,bin,fsq,beast}.yaml: fit the tokenizer on the training episodes, train one tiny multi-task policy
+    (the instruction in its prompt) with that config's budget, evaluate it in closed loop on evaluation seeds of
+    every task -> one table (tokenizer, tokens per chunk, training time, final loss, success per task and on average,
+    latency)
 
-The runs are the files in ``configs/`` (``vla train --config_path configs/fast.yaml`` trains the same policy), with
-only the dataset and the output folder set here. Writes ``demo.json``, ``demo.md`` and ``demo.png`` to the output
-folder. ``--quick`` shrinks every stage to a few minutes in all (a small dataset, a few steps, a few episodes): a
-smoke test, not a result.
+The default task set (``DEMO_TASKS``) holds two pairs that start from alike scenes and differ in what the instruction
+asks (drawer-open / drawer-close, window-open / window-close); ``vla demo --tasks mt10`` runs Meta-World's ten MT10
+tasks. The runs are the files in ``configs/`` (``vla train --config_path configs/fast.yaml`` trains the same policy),
+with only the dataset and the output folder set here. Writes ``demo.json``, ``demo.md``, ``demo.png`` and
+``demo_tasks.png`` to the output folder. ``--quick`` shrinks every stage to a few minutes in all (a small dataset, a
+few steps, a few episodes): a smoke test, not a result.
 """
 
 from __future__ import annotations
@@ -27,28 +32,34 @@ from vla.sim import record
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
+DEMO_TASKS = "metaworld/push-v3,drawer-open-v3,drawer-close-v3,window-open-v3,window-close-v3"
+DEMO_EPISODES = 40  # per task
+
+
 @dataclass
 class DemoConfig:
     out_dir: Path = Path("outputs/demo")  # runs, demo.json, demo.md, demo.png
-    dataset_root: Path = record.DEFAULT_DATASET_ROOT  # recorded here when missing
-    env: str = record.DEFAULT_ENV
-    record_episodes: int = record.DEFAULT_EPISODES
+    dataset_root: Path = Path("outputs/datasets/metaworld_demo")  # recorded here when missing
+    env: str = DEMO_TASKS  # the tasks (vla.sim.env_names): a comma list or a set such as metaworld/mt10
+    record_episodes: int = DEMO_EPISODES  # per task
     record_action_noise: float = record.DEFAULT_ACTION_NOISE  # DART noise of the recording (vla.sim.record)
-    configs: list[str] = field(default_factory=lambda: ["fast", "bin", "fsq"])  # configs/<name>.yaml, one run each
+    configs: list[str] = field(default_factory=lambda: ["fast", "bin", "fsq", "beast"])  # configs/<name>.yaml
     overrides: list[str] = field(default_factory=list)  # draccus overrides for every run (--quick shrinks them)
     run_overrides: dict[str, list[str]] = field(default_factory=dict)  # ... and for one config's run
     eval_episodes: int = 50
     eval_envs: int = 25  # episodes run at once (their chunks decoded as one batch)
-    max_steps: int = 150  # per evaluation episode: twice the longest expert episode (75 steps)
+    max_steps: int = 200  # per evaluation episode: twice the longest successful expert episode (96 steps)
 
     @classmethod
     def quick(cls, out_dir: Path) -> DemoConfig:
         return cls(
             out_dir=out_dir,
             dataset_root=out_dir / "dataset",
-            record_episodes=6,
+            env="metaworld/drawer-open-v3,drawer-close-v3",
+            record_episodes=3,
             overrides=["--steps=20", "--batch_size=8", "--log_every=5", "--policy.scheduler_warmup_steps=2"],
             run_overrides={"fsq": ["--tokenizer.type=fsq", "--tokenizer.steps=50", "--tokenizer.hidden=16"]},
+            configs=["fast", "bin", "fsq"],
             eval_episodes=2,
             max_steps=60,
         )
@@ -83,6 +94,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
         eval_s = time.perf_counter() - start
         rows[tok_name] = {
             "config": f"configs/{name}.yaml",
+            "tasks": evaluate.task_rates(report),
             "tokens_per_chunk": report["tokens_per_chunk"],
             "train_seconds": train_s,
             "eval_seconds": eval_s,
@@ -99,6 +111,8 @@ def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
     policy = run_cfg.policy
     result = {
         "task": cfg.env,
+        "episodes_per_task": cfg.eval_episodes,
+        "record_episodes_per_task": cfg.record_episodes,
         "dataset": str(cfg.dataset_root),
         "record_action_noise": cfg.record_action_noise,
         "steps": run_cfg.steps,
@@ -129,6 +143,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"{r['success_rate']:.0%} | {r['episodes']} | {r['latency_ms_mean']:.0f} / {r['latency_ms_p95']:.0f} | "
             f"{r['valid_chunk_rate']:.1%} |"
         )
+    rates = {name: r["tasks"] for name, r in result["tokenizers"].items() if "tasks" in r}
+    if rates and len(next(iter(rates.values()))) > 1:
+        lines += ["", f"Success per task ({result.get('episodes_per_task', '?')} evaluation episodes each):", "",
+                  evaluate.task_table(rates).rstrip()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -153,6 +171,9 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> None:
     fig.tight_layout()
     fig.savefig(out_dir / "demo.png", dpi=120)
     plt.close(fig)
+    rates = {name: r["tasks"] for name, r in result["tokenizers"].items() if "tasks" in r}
+    if rates:
+        evaluate.plot_tasks(rates, out_dir / "demo_tasks.png", title=f"{result['task']}: success per task and tokenizer")
 
 
 def add_cli(subparsers) -> None:
@@ -160,7 +181,12 @@ def add_cli(subparsers) -> None:
     p.add_argument("--out", type=Path, default=Path("outputs/demo"))
     p.add_argument("--quick", action="store_true", help="a few minutes in all: tiny dataset, few steps")
     p.add_argument("--steps", type=int, default=None, help="training steps per tokenizer")
-    p.add_argument("--episodes", type=int, default=None, help="evaluation episodes per tokenizer")
+    p.add_argument("--episodes", type=int, default=None, help="evaluation episodes per task and tokenizer")
+    p.add_argument(
+        "--tasks", default=None,
+        help=f"Meta-World tasks: a set (mt10) or a comma list (default: {DEMO_TASKS.split('/')[1]}); the dataset goes "
+        "to outputs/datasets/metaworld_<tasks>",
+    )  # fmt: skip
     p.set_defaults(func=_run)
 
 
@@ -170,6 +196,9 @@ def _run(args: argparse.Namespace) -> int:
         cfg.overrides.append(f"--steps={args.steps}")
     if args.episodes is not None:
         cfg.eval_episodes = args.episodes
+    if args.tasks is not None:
+        cfg.env = f"metaworld/{args.tasks}"
+        cfg.dataset_root = Path("outputs/datasets") / f"metaworld_{args.tasks.replace(',', '+')}"
     run_demo(cfg)
     print(f"wrote {cfg.out_dir / 'demo.json'}, demo.md and demo.png")
     return 0

@@ -1,9 +1,11 @@
 """Closed-loop evaluation: run a trained policy in the simulator on evaluation seeds and report how it did.
 
     vla eval --policy outputs/train/debug/policy --env metaworld --task push-v3 --episodes 50 [--gif N]
+    vla eval --policy outputs/train/mt10/policy --task mt10     # 50 episodes per task, a table per task
 
-Any simulator of ``vla.sim`` (``--env FAMILY --task TASK``); episodes run in lockstep on ``--num-envs`` envs and
-their chunks are decoded as one batch.
+Any simulator of ``vla.sim`` (``--env FAMILY --task TASK``), one task or several (``--task mt10``, or
+``--task drawer-open-v3,drawer-close-v3``); episodes of every task run in lockstep on ``--num-envs`` envs (at least
+one per task) and their chunks are decoded as one batch.
 
 Evaluation seeds start at ``EVAL_SEED_START``; recordings for training never use them. Reports the success
 rate, mean return and episode length, latency per predicted chunk (mean, p95) and the share of chunks whose ids
@@ -23,7 +25,7 @@ import torch
 
 from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
-from vla.sim import EVAL_SEED_START, make_env
+from vla.sim import EVAL_SEED_START, env_names, make_env
 from vla.sim.rollout import run_episodes, summarize
 
 
@@ -117,13 +119,16 @@ def evaluate(
         raise ValueError(f"evaluation seeds start at {EVAL_SEED_START}; {seed_start} could overlap training seeds")
     image_keys = list(config.image_keys)
     steps = config.n_action_steps if n_action_steps is None else n_action_steps
+    names = env_names(env_name)
     runner = ChunkPolicy(policy)
     frames: dict[int, list[np.ndarray]] = {}
     record_frames = gif_episodes > 0 and bool(image_keys)
-    seeds = range(seed_start, seed_start + episodes)
+    # Task by task, seeds seed_start.. for each: episode k is task k // episodes (a GIF shows the first task's).
+    episode_list = [(name, seed) for name in names for seed in range(seed_start, seed_start + episodes)]
     size = config.image_size or policy.model.image_size
-    envs = [make_env(env_name, image_keys=image_keys, image_size=size, max_steps=max_steps)
-            for _ in range(min(num_envs, episodes))]  # fmt: skip
+    per_task = max(1, min(num_envs // len(names), episodes))
+    envs = [make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps)
+            for name in names for _ in range(per_task)]  # fmt: skip
     on_step = None
     if record_frames:
 
@@ -136,21 +141,18 @@ def evaluate(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=episodes, desc=f"eval {env_name}", unit="ep")
+        bar = tqdm(total=len(episode_list), desc=f"eval {env_name}", unit="ep")
     try:
-        results = run_episodes(envs, runner, seeds, n_action_steps=steps, on_step=on_step,
+        results = run_episodes(envs, runner, episode_list, n_action_steps=steps, on_step=on_step,
                                on_episode=(lambda r: bar.update(1)) if bar else None)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
         for env in envs:
             env.close()
-    report = summarize(results)
     single = runner.single_latencies()
     batch_lat = np.asarray(runner.batch_latencies_ms)
-    report.update(
-        env=env_name,
-        seed_start=seed_start,
+    common = dict(
         n_action_steps=steps,
         num_envs=len(envs),
         chunks=len(runner.valid),
@@ -160,10 +162,32 @@ def evaluate(
         valid_chunk_rate=float(np.mean(runner.valid)) if runner.valid else 1.0,
         tokens_per_chunk=float(np.mean(runner.tokens)) if runner.tokens else 0.0,
     )
+    if len(names) == 1:
+        report = {**summarize(results), "env": env_name, "seed_start": seed_start, **common}
+    else:
+        tasks = {name: {**summarize([r for r in results if r.env == name]), "env": name, "seed_start": seed_start}
+                 for name in names}  # fmt: skip
+        rates = [t["success_rate"] for t in tasks.values()]
+        report = {
+            "env": env_name,
+            "episodes": len(results),
+            "episodes_per_task": episodes,
+            "success_rate": float(np.mean(rates)),  # the average over tasks (each has the same episodes)
+            "min_task_success_rate": float(np.min(rates)),
+            "mean_return": float(np.mean([r.ret for r in results])),
+            "mean_length": float(np.mean([r.length for r in results])),
+            "seed_start": seed_start,
+            **common,
+            "tasks": tasks,
+        }
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out_dir / "eval_info.json", json.dumps(report, indent=2) + "\n")
+        if "tasks" in report:
+            rates = {"success": task_rates(report)}
+            atomic_write_text(out_dir / "eval_tasks.md", task_table(rates))
+            plot_tasks(rates, out_dir / "eval_tasks.png", title=env_name)
         if frames:
             import imageio.v2 as imageio
 
@@ -172,12 +196,54 @@ def evaluate(
     return report
 
 
+def task_rates(report: dict[str, Any]) -> dict[str, float]:
+    """Success rate per task of an ``evaluate`` report (one entry for a single-task report), by short task name."""
+    tasks = report.get("tasks") or {report["env"]: report}
+    return {name.split("/")[-1]: t["success_rate"] for name, t in tasks.items()}
+
+
+def task_table(rates: dict[str, dict[str, float]]) -> str:
+    """A markdown table of ``{column: {task: success rate}}`` (a column per tokenizer, say): a row per task, then the
+    average."""
+    names = list(rates)
+    tasks = list(rates[names[0]])
+    lines = ["| task | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for task in tasks:
+        lines.append(f"| {task} | " + " | ".join(f"{rates[n].get(task, float('nan')):.0%}" for n in names) + " |")
+    lines.append("| **average** | " + " | ".join(f"**{np.mean(list(rates[n].values())):.0%}**" for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_tasks(rates: dict[str, dict[str, float]], path: Path, title: str = "") -> None:
+    """A grouped bar chart of ``{name: {task: success rate}}``: success per task, one bar per name (tokenizer)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(next(iter(rates.values())))
+    width = 0.8 / len(rates)
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(tasks) + 2), 3.6))
+    for i, (name, by_task) in enumerate(rates.items()):
+        xs = np.arange(len(tasks)) + (i - (len(rates) - 1) / 2) * width
+        ax.bar(xs, [by_task.get(t, 0.0) for t in tasks], width, label=f"{name} (avg {np.mean(list(by_task.values())):.0%})")
+    ax.set_xticks(np.arange(len(tasks)), [t.removesuffix("-v3") for t in tasks], rotation=30, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success rate")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("eval", help="closed-loop evaluation of a trained policy", description=__doc__)
     p.add_argument("--policy", type=Path, required=True, help="a policy folder (outputs/train/NAME/policy)")
     p.add_argument("--env", default="metaworld", help="simulator family (default: %(default)s)")
-    p.add_argument("--task", default="push-v3", help="the family's task (default: %(default)s)")
-    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--task", default="push-v3",
+                   help="the family's task, several (drawer-open-v3,drawer-close-v3) or a set (mt10) (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=50, help="evaluation episodes per task (default: %(default)s)")
     p.add_argument("--seed-start", type=int, default=EVAL_SEED_START)
     p.add_argument("--n-action-steps", type=int, default=None, help="actions run per chunk (default: the policy's)")
     p.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the simulator's)")
@@ -188,12 +254,14 @@ def add_cli(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    out = args.out or args.policy.parent / f"eval_{args.task}"
+    out = args.out or args.policy.parent / f"eval_{args.task.replace(',', '+')}"
     report = evaluate(
         args.policy, f"{args.env}/{args.task}", args.episodes, seed_start=args.seed_start,
         n_action_steps=args.n_action_steps, max_steps=args.max_steps, num_envs=args.num_envs, gif_episodes=args.gif,
         out_dir=out,
     )  # fmt: skip
+    if "tasks" in report:
+        print(task_table({"success": task_rates(report)}), end="")
     print(
         f"{args.task}: success {report['success_rate']:.1%} over {report['episodes']} episodes, "
         f"return {report['mean_return']:.1f}, latency {report['latency_ms_mean']:.0f} ms/chunk "

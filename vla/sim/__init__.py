@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vla.names import check_name
@@ -68,11 +68,12 @@ class Family:
     make_expert: Callable[[str], Expert]
     default_task: str
     default_cameras: tuple[str, ...]  # the dataset keys `vla data record --images` records
+    task_sets: dict[str, tuple[str, ...]] = field(default_factory=dict)  # named groups, e.g. "mt10" -> ten tasks
 
 
 FAMILIES: dict[str, Family] = {}
 # Families imported on first use (their simulators are slow to import).
-_FAMILY_MODULES = {"metaworld": "vla.sim.metaworld_env"}
+_FAMILY_MODULES = {"metaworld": "vla.sim.metaworld_env", "toy": "vla.sim.toy_env"}
 
 
 def register(family: Family) -> Family:
@@ -98,12 +99,39 @@ def split_name(name: str) -> tuple[Family, str]:
     return fam, task
 
 
+def env_names(spec: str) -> list[str]:
+    """The environments a spec names: ``"metaworld/push-v3"`` -> itself; a task set, ``"metaworld/mt10"`` -> its ten
+    tasks; a comma list, ``"metaworld/drawer-open-v3,drawer-close-v3"`` -> those two. Every name is checked."""
+    if not isinstance(spec, str) or spec.count("/") != 1:
+        raise ValueError(f"name environments as family/task (or family/task1,task2, or a task set such as "
+                         f"metaworld/mt10); got {spec!r}")  # fmt: skip
+    family_name, tasks = spec.split("/")
+    fam = family(family_name)
+    names: list[str] = []
+    for task in [t.strip() for t in tasks.split(",") if t.strip()]:
+        expanded = fam.task_sets.get(task, (task,))
+        names.extend(f"{family_name}/{t}" for t in expanded)
+    if not names:
+        raise ValueError(f"{spec!r} names no task; e.g. {family_name}/{fam.default_task}")
+    for name in names:
+        split_name(name)
+    if len(set(names)) != len(names):
+        raise ValueError(f"{spec!r} names a task twice: {names}")
+    return names
+
+
 def make_env(
-    name: str, *, image_keys: list[str] | tuple[str, ...] = (), image_size: int | None = None, max_steps: int | None = None
+    name: str,
+    *,
+    image_keys: list[str] | tuple[str, ...] = (),
+    image_size: int | None = None,
+    max_steps: int | None = None,
+    **options: Any,
 ) -> Env:
-    """The environment ``family/task``; it renders the cameras in ``image_keys`` at ``image_size`` pixels."""
+    """The environment ``family/task``; it renders the cameras in ``image_keys`` at ``image_size`` pixels.
+    ``options`` are the family's own (Meta-World: ``observation="privileged" | "lerobot"``)."""
     fam, task = split_name(name)
-    return fam.make_env(task, image_keys=list(image_keys), image_size=image_size, max_steps=max_steps)
+    return fam.make_env(task, image_keys=list(image_keys), image_size=image_size, max_steps=max_steps, **options)
 
 
 def make_expert(name: str) -> Expert:
@@ -119,6 +147,7 @@ __all__ = [
     "Env",
     "Expert",
     "Family",
+    "env_names",
     "family",
     "make_env",
     "make_expert",

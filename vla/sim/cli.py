@@ -2,8 +2,10 @@
 
     vla data record                                   # the demo's dataset: push-v3, 100 episodes, state only
     vla data record --env metaworld --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128
+    vla data record --task mt10 --episodes 50         # MT10's ten tasks into one dataset, 50 episodes each
     vla data info DIR
     vla data stats DIR                                # exact frame statistics into meta/stats.json
+    vla data convert SRC DST                          # a LeRobot v2.1 dataset -> a new v3.0 one (vla.convert)
 """
 
 from __future__ import annotations
@@ -44,10 +46,21 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         f"options: {DEFAULT_EPISODES} episodes of {DEFAULT_TASK}, state only, into {DEFAULT_DATASET_ROOT}.",
     )
     rec.add_argument("--env", default=DEFAULT_FAMILY, help="simulator family (default: %(default)s)")
-    rec.add_argument("--task", default=DEFAULT_TASK, help="the family's task, e.g. reach-v3 (default: %(default)s)")
     rec.add_argument(
-        "--episodes", type=int, default=DEFAULT_EPISODES, help=f"episodes to keep (default: {DEFAULT_EPISODES})"
-    )
+        "--task", default=DEFAULT_TASK,
+        help="the family's task (reach-v3), several (drawer-open-v3,drawer-close-v3) or a task set (mt10), all into "
+        "one dataset, each episode with its task's instruction (default: %(default)s)",
+    )  # fmt: skip
+    rec.add_argument(
+        "--episodes", type=int, default=DEFAULT_EPISODES,
+        help=f"episodes to keep per task (default: {DEFAULT_EPISODES})",
+    )  # fmt: skip
+    rec.add_argument(
+        "--observation", choices=["privileged", "lerobot"], default=None,
+        help="Meta-World's observation: privileged (the 39-D state with object and goal poses, the default) or "
+        "lerobot (LeRobot's convention: the 4-D hand position and gripper, and the corner2 camera), which "
+        "lerobot-eval --env.type=metaworld scores",
+    )  # fmt: skip
     rec.add_argument(
         "--root",
         type=Path,
@@ -99,6 +112,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true", help="print the recording metadata as JSON too")
     info.set_defaults(func=_info)
 
+    from vla.convert import add_cli as add_convert  # vla data convert SRC DST (LeRobot v2.1 -> v3.0)
+
+    add_convert(sub)
+
 
 def _record(args: argparse.Namespace) -> int:
     env_name = f"{args.env}/{args.task}"
@@ -118,6 +135,7 @@ def _record(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         keep_failed=args.keep_failed,
         action_noise=args.action_noise,
+        env_options={"observation": args.observation} if args.observation else None,
         overwrite=args.overwrite,
         progress=not args.quiet,
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 from lerobot.utils.constants import ACTION, OBS_STATE
 
 from vla.io import atomic_directory, read_json, write_json
-from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, Env, Expert, make_env, make_expert, split_name
+from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, Env, Expert, env_names, make_env, make_expert, split_name
 from vla.sim.rollout import EpisodeResult, run_episode, summarize
 
 DEFAULT_ENV = "metaworld/push-v3"
@@ -42,7 +43,7 @@ DEFAULT_IMAGE_SIZE = 128
 # The dataset `vla demo` trains on (relative to the working directory).
 DEFAULT_DATASET_ROOT = Path("outputs/datasets/metaworld_push-v3")
 RECORDING_FILE = "meta/recording.json"
-RECORDING_FORMAT = 1
+RECORDING_FORMAT = 2  # 2: several tasks per dataset ("tasks", "episodes_per_task")
 
 
 def default_root(env_name: str = DEFAULT_ENV, images: bool = False) -> Path:
@@ -67,18 +68,25 @@ def record(
     max_steps: int | None = None,
     keep_failed: bool = False,
     action_noise: float = 0.0,
+    env_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Record ``episodes`` expert episodes of ``env_name`` (``family/task``) into a new LeRobot dataset at ``root``.
+    """Record ``episodes`` expert episodes per task of ``env_name`` into a new LeRobot dataset at ``root``.
 
-    ``images=True`` records ``cameras`` (dataset keys; default the family's ``default_cameras``).
-    Returns a summary: ``root``, ``episodes``, ``attempts``, ``expert_success_rate``, ``frames``,
-    ``episode_lengths``, ``seeds``, ``seconds``, ``steps_per_s`` and the settings. Raises ValueError for
-    bad arguments (unknown task, existing root without ``overwrite``, seeds reaching the evaluation range)
-    and when the expert cannot collect ``episodes`` successes within ``max_attempts_for(episodes)`` seeds.
+    ``env_name`` is one environment (``metaworld/push-v3``) or several (a task set, ``metaworld/mt10``, or a comma
+    list, ``metaworld/drawer-open-v3,drawer-close-v3``): one dataset then holds every task's episodes, each with its
+    own instruction as its LeRobot task, and every task draws its layouts from the same seeds ``seed, seed + 1, ...``.
+    ``images=True`` records ``cameras`` (dataset keys; default the family's ``default_cameras``); ``env_options`` go to
+    the simulator (Meta-World: ``{"observation": "lerobot"}``).
+    Returns a summary: ``root``, ``episodes`` (in all), ``attempts``, ``expert_success_rate``, ``frames``,
+    ``episode_lengths``, ``seeds``, ``seconds``, ``steps_per_s``, the settings and ``tasks`` (one summary per task).
+    Raises ValueError for bad arguments (unknown task, existing root without ``overwrite``, seeds reaching the
+    evaluation range) and when an expert cannot collect ``episodes`` successes within ``max_attempts_for(episodes)``
+    seeds.
     """
-    fam, _ = split_name(env_name)  # a clear error for an unknown family or task, before anything is written
+    names = env_names(env_name)  # a clear error for an unknown family or task, before anything is written
+    fam, _ = split_name(names[0])
     root = Path(root) if root is not None else default_root(env_name, images)
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
@@ -96,20 +104,26 @@ def record(
         raise ValueError(f"{root} exists and is not a folder")
     image_keys = list(cameras or fam.default_cameras) if images else []
 
+    def env_for(name: str) -> Env:
+        return make_env(name, image_keys=image_keys, image_size=image_size, max_steps=max_steps, **(env_options or {}))
+
     # Everything goes into a hidden sibling renamed into place at the end (also on Ctrl-C nothing half-written
     # stays): readers never see half a dataset, and an existing dataset (overwrite) goes only after that.
     with atomic_directory(root) as tmp:
         tmp.rmdir()  # LeRobot creates the dataset folder itself
         summary = _record_into(
             tmp,
-            env=make_env(env_name, image_keys=image_keys, image_size=image_size, max_steps=max_steps),
-            expert=NoisyExpert(make_expert(env_name), action_noise),
+            spec=env_name,
+            envs=[(name, env_for) for name in names],
+            expert_for=lambda name: NoisyExpert(make_expert(name), action_noise),
             episodes=episodes,
             seed=seed,
             keep_failed=keep_failed,
             attempts_allowed=attempts_allowed,
             progress=progress,
         )
+        summary.update(action_noise=float(action_noise), env_options=dict(env_options or {}))
+        _write_recording_json(tmp, summary)
     summary["root"] = str(root)
     return summary
 
@@ -117,8 +131,9 @@ def record(
 def _record_into(
     out: Path,
     *,
-    env: Env,
-    expert: NoisyExpert,
+    spec: str,
+    envs: list[tuple[str, Callable[[str], Env]]],
+    expert_for: Callable[[str], NoisyExpert],
     episodes: int,
     seed: int,
     keep_failed: bool,
@@ -130,85 +145,123 @@ def _record_into(
     from tqdm import tqdm
 
     started = time.perf_counter()
+    per_task: list[dict[str, Any]] = []
+    all_kept: list[EpisodeResult] = []
+    all_tried: list[EpisodeResult] = []
+    first = None
+    # Unwound last-in first-out on success and on any error: bar, dataset (finalize writes the parquet
+    # footers, needed even when the folder is about to be deleted), progress bars, envs.
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(SuppressProgressBars())  # the `datasets` library draws a bar per saved episode
+        dataset = None
+        bar = stack.enter_context(
+            tqdm(total=episodes * len(envs), desc=f"record {spec}", unit="ep", disable=not progress)
+        )
+        for name, make in envs:
+            env = make(name)
+            with contextlib.closing(env):
+                if first is None:
+                    first = env
+                    dataset = LeRobotDataset.create(
+                        repo_id=f"local/{spec.replace('/', '_').replace(',', '+')}",
+                        fps=env.fps,
+                        features=env.features,
+                        root=out,
+                        robot_type=env.robot_type,
+                        use_videos=False,
+                        video_backend="pyav",  # no videos here; naming one skips LeRobot's noisy torchcodec probe
+                        # PNGs are written in this thread: a writer thread measured no faster on 2 cores
+                    )
+                    stack.callback(dataset.finalize)
+                elif (env.features, env.fps, env.robot_type) != (first.features, first.fps, first.robot_type):
+                    raise ValueError(f"{name} records other features than {first.name}; record them into two datasets")
+                kept, tried = _record_task(
+                    dataset, env, expert_for(name), episodes, seed, keep_failed, attempts_allowed, bar
+                )
+            all_kept += kept
+            all_tried += tried
+            per_task.append(_task_summary(env, kept, tried))
+    _remove_empty_dirs(out / "images")  # LeRobot's scratch folder for PNG frames, empty once embedded
+
+    seconds = time.perf_counter() - started
+    cameras = [k for k, ft in first.features.items() if ft["dtype"] == "image"]
+    family, task = spec.split("/")
+    summary = {
+        "env": family,
+        "task": task,  # the spec's task part: "push-v3", "mt10", "drawer-open-v3,drawer-close-v3"
+        "task_text": first.task_text if len(envs) == 1 else None,
+        "episodes_per_task": episodes,
+        "episodes": len(all_kept),
+        "frames": int(sum(r.length for r in all_kept)),
+        "attempts": len(all_tried),
+        "expert_success_rate": summarize(all_tried)["success_rate"],
+        "episode_lengths": [r.length for r in all_kept],
+        "episode_success": [r.success for r in all_kept],
+        "seeds": [r.seed for r in all_kept],
+        "failed_seeds": [r.seed for r in all_tried if not r.success],
+        "seed_start": seed,
+        "keep_failed": keep_failed,
+        "images": bool(cameras),
+        "image_size": first.features[cameras[0]]["shape"][0] if cameras else None,
+        "cameras": cameras,
+        "fps": first.fps,
+        "max_steps": first.max_steps,
+        "tasks": per_task,
+        "seconds": round(seconds, 3),
+        "steps_per_s": round(sum(r.length for r in all_tried) / max(seconds, 1e-9), 1),
+    }
+    return summary
+
+
+def _record_task(dataset, env: Env, expert: NoisyExpert, episodes: int, seed: int, keep_failed: bool,
+                 attempts_allowed: int, bar) -> tuple[list[EpisodeResult], list[EpisodeResult]]:  # fmt: skip
+    """``episodes`` episodes of one task into ``dataset`` (its instruction as each frame's task)."""
     kept: list[EpisodeResult] = []
     tried: list[EpisodeResult] = []
     cameras = [k for k, ft in env.features.items() if ft["dtype"] == "image"]
-    # Unwound last-in first-out on success and on any error: bar, dataset (finalize writes the parquet
-    # footers, needed even when the folder is about to be deleted), progress bars, env.
-    with contextlib.ExitStack() as stack:
-        stack.callback(env.close)
-        stack.enter_context(SuppressProgressBars())  # the `datasets` library draws a bar per saved episode
-        dataset = LeRobotDataset.create(
-            repo_id=f"local/{env.name.replace('/', '_')}",
-            fps=env.fps,
-            features=env.features,
-            root=out,
-            robot_type=env.robot_type,
-            use_videos=False,
-            video_backend="pyav",  # no videos here; naming one skips LeRobot's noisy torchcodec probe
-            # PNGs are written in this thread: a writer thread measured no faster on 2 cores
-        )
-        stack.callback(dataset.finalize)
-        bar = stack.enter_context(tqdm(total=episodes, desc=f"record {env.name}", unit="ep", disable=not progress))
 
-        def add_frame(obs: dict[str, Any], action: np.ndarray) -> None:
-            frame = {
-                OBS_STATE: obs[OBS_STATE],
-                ACTION: expert.label,  # the expert's own action (the executed one when there is no noise)
-                "task": obs["task"],
-            }
-            for key in cameras:
-                frame[key] = env.last_frames[key]  # uint8 [H, W, 3]
-            dataset.add_frame(frame)
+    def add_frame(obs: dict[str, Any], action: np.ndarray) -> None:
+        frame = {
+            OBS_STATE: obs[OBS_STATE],
+            ACTION: expert.label,  # the expert's own action (the executed one when there is no noise)
+            "task": obs["task"],
+        }
+        for key in cameras:
+            frame[key] = env.last_frames[key]  # uint8 [H, W, 3]
+        dataset.add_frame(frame)
 
-        for attempt_seed in range(seed, seed + attempts_allowed):
-            if len(kept) == episodes:
-                break
-            expert.reset(attempt_seed)
-            result = run_episode(env, expert, attempt_seed, on_step=add_frame)
-            tried.append(result)
-            if result.success or keep_failed:
-                dataset.save_episode()
-                kept.append(result)
-                bar.update(1)
-            else:
-                dataset.clear_episode_buffer()
-            bar.set_postfix(expert_success=f"{np.mean([r.success for r in tried]):.0%}")
-    _remove_empty_dirs(out / "images")  # LeRobot's scratch folder for PNG frames, empty once embedded
+    for attempt_seed in range(seed, seed + attempts_allowed):
+        if len(kept) == episodes:
+            break
+        expert.reset(attempt_seed)
+        result = run_episode(env, expert, attempt_seed, on_step=add_frame)
+        tried.append(result)
+        if result.success or keep_failed:
+            dataset.save_episode()
+            kept.append(result)
+            bar.update(1)
+        else:
+            dataset.clear_episode_buffer()
+        bar.set_postfix(task=env.name.split("/")[-1], expert_success=f"{np.mean([r.success for r in tried]):.0%}")
     if len(kept) < episodes:
         raise ValueError(
             f"the {env.name} expert succeeded in only {len(kept)} of {len(tried)} attempts "
             f"(seeds {seed}..{seed + len(tried) - 1}); record fewer episodes or pass --keep-failed"
         )
+    return kept, tried
 
-    seconds = time.perf_counter() - started
-    tried_stats = summarize(tried)
-    family, task = env.name.split("/")
-    summary = {
-        "env": family,
-        "task": task,
+
+def _task_summary(env: Env, kept: list[EpisodeResult], tried: list[EpisodeResult]) -> dict[str, Any]:
+    return {
+        "task": env.name.split("/")[1],
         "task_text": env.task_text,
         "episodes": len(kept),
-        "frames": int(sum(r.length for r in kept)),
         "attempts": len(tried),
-        "expert_success_rate": tried_stats["success_rate"],
+        "expert_success_rate": summarize(tried)["success_rate"],
         "episode_lengths": [r.length for r in kept],
-        "episode_success": [r.success for r in kept],
         "seeds": [r.seed for r in kept],
         "failed_seeds": [r.seed for r in tried if not r.success],
-        "seed_start": seed,
-        "keep_failed": keep_failed,
-        "action_noise": expert.sigma,
-        "images": bool(cameras),
-        "image_size": env.features[cameras[0]]["shape"][0] if cameras else None,
-        "cameras": cameras,
-        "fps": env.fps,
-        "max_steps": env.max_steps,
-        "seconds": round(seconds, 3),
-        "steps_per_s": round(sum(r.length for r in tried) / max(seconds, 1e-9), 1),
     }
-    _write_recording_json(out, summary)
-    return summary
 
 
 class NoisyExpert:
@@ -255,7 +308,11 @@ def read_recording(root: str | Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     content = read_json(path, "recording")
-    content.setdefault("format_version", content.pop("format", RECORDING_FORMAT))  # files before the rename
+    content.setdefault("format_version", content.pop("format", 1))  # files before the rename
+    if content["format_version"] == 1:  # one task per dataset
+        content.setdefault("episodes_per_task", content.get("episodes"))
+        content.setdefault("env_options", {})
+        content["format_version"] = RECORDING_FORMAT
     if content["format_version"] != RECORDING_FORMAT:
         raise ValueError(f"{path} has format_version {content['format_version']!r}; this version reads "
                          f"{RECORDING_FORMAT}: record the dataset again")  # fmt: skip
@@ -278,28 +335,34 @@ def ensure_dataset(
     episodes: int = DEFAULT_EPISODES,
     *,
     action_noise: float = DEFAULT_ACTION_NOISE,
+    env_options: dict[str, Any] | None = None,
     progress: bool = True,
     log=print,
 ) -> Path:
     """A recorded dataset at ``root`` made with these settings: the one there, else a new recording.
 
-    A folder that ``record`` made with other settings (task, episode count, action noise: say an older default)
-    is recorded again in its place; a dataset without ``meta/recording.json`` (not ours) is used as it is.
+    ``episodes`` is per task (``env_name`` may name several, see ``record``). A folder that ``record`` made with other
+    settings (tasks, episode count, action noise, simulator options: say an older default) is recorded again in its
+    place; a dataset without ``meta/recording.json`` (not ours) is used as it is.
     """
     root = Path(root)
-    fam, task = split_name(env_name)
-    wanted = {"env": fam.name, "task": task, "episodes": int(episodes), "action_noise": float(action_noise)}
+    env_names(env_name)
+    family, task = env_name.split("/")
+    wanted = {"env": family, "task": task, "episodes_per_task": int(episodes), "action_noise": float(action_noise),
+              "env_options": dict(env_options or {})}  # fmt: skip
     if (root / "meta" / "info.json").is_file():
         recorded = read_recording(root)
         if recorded is None:
             return root
         have = {k: recorded.get(k) for k in wanted}
         have["action_noise"] = float(have["action_noise"] or 0.0)
+        have["env_options"] = have["env_options"] or {}
         if have == wanted:
             return root
         changed = ", ".join(f"{k} {have[k]} -> {wanted[k]}" for k in wanted if have[k] != wanted[k])
         log(f"{root} was recorded with other settings ({changed}); recording it again")
     else:
-        log(f"recording {episodes} {env_name} expert episodes into {root}")
-    record(env_name, episodes, root, action_noise=action_noise, overwrite=True, progress=progress)
+        log(f"recording {episodes} {env_name} expert episodes per task into {root}")
+    record(env_name, episodes, root, action_noise=action_noise, env_options=env_options, overwrite=True,
+           progress=progress)  # fmt: skip
     return root

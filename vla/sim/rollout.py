@@ -27,6 +27,7 @@ class EpisodeResult:
     success: bool
     ret: float  # sum of rewards
     length: int  # actions executed
+    env: str = ""  # the env's name ("metaworld/push-v3")
 
 
 @dataclass
@@ -72,7 +73,7 @@ def run_episode(
 def run_episodes(
     envs: list[Env],
     policy_fn: BatchPolicy,
-    seeds: list[int] | range,
+    seeds: list[int] | range | list[tuple[str, int]],
     *,
     n_action_steps: int | None = None,
     on_step: Callable[[int, dict[str, Any], np.ndarray], None] | None = None,
@@ -81,7 +82,10 @@ def run_episodes(
     """Episodes on ``seeds``, run in lockstep on ``envs`` (one episode per env at a time): the same episodes as
     ``run_episode`` seed by seed, but the policy sees the observations of every env that needs a new chunk as one
     batch, so a batched policy (a network on a GPU or a vectorised CPU forward) costs one call per tick, not one
-    per env. An env that finishes starts the next seed at once. Results come back in the order of ``seeds``.
+    per env. An env that finishes starts the next episode at once. Results come back in the order of ``seeds``.
+
+    Several tasks run together when ``envs`` hold several (say one or more per Meta-World task) and ``seeds`` are
+    ``(env name, seed)`` pairs: each episode runs on an env of that name, and the policy's batches mix the tasks.
 
     ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]``; ``on_episode``
     sees each result as it ends (for a progress bar). A batch policy must keep no per-episode state: chunks are
@@ -91,14 +95,21 @@ def run_episodes(
         raise ValueError("run_episodes needs at least one env")
     if n_action_steps is not None and n_action_steps < 1:
         raise ValueError(f"n_action_steps must be at least 1 (or None for whole chunks), got {n_action_steps}")
-    seeds = [int(s) for s in seeds]
-    results: list[EpisodeResult | None] = [None] * len(seeds)
-    pending = iter(range(len(seeds)))
-    running: list[_Running | None] = [None] * len(envs)  # per env: its episode, or None once seeds run out
+    episodes = [(s[0], int(s[1])) if isinstance(s, tuple) else (None, int(s)) for s in seeds]
+    missing = {name for name, _ in episodes if name is not None} - {env.name for env in envs}
+    if missing:
+        raise ValueError(f"no env runs {sorted(missing)}; pass at least one env per task named in seeds")
+    results: list[EpisodeResult | None] = [None] * len(episodes)
+    pending = list(range(len(episodes)))  # episodes not started yet, in order
+    running: list[_Running | None] = [None] * len(envs)  # per env: its episode, or None once none is left for it
 
     def start(e: int) -> None:
-        k = next(pending, None)
-        running[e] = None if k is None else _Running(k, envs[e].reset(seeds[k]))
+        k = next((k for k in pending if episodes[k][0] in (None, envs[e].name)), None)
+        if k is None:
+            running[e] = None
+            return
+        pending.remove(k)
+        running[e] = _Running(k, envs[e].reset(episodes[k][1]))
 
     for e in range(len(envs)):
         start(e)
@@ -123,7 +134,8 @@ def run_episodes(
             run.ret += reward
             run.length += 1
             if done:
-                result = EpisodeResult(seeds[run.index], bool(info["success"]), float(run.ret), run.length)
+                seed = episodes[run.index][1]
+                result = EpisodeResult(seed, bool(info["success"]), float(run.ret), run.length, envs[e].name)
                 results[run.index] = result
                 if on_episode is not None:
                     on_episode(result)
