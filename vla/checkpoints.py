@@ -29,10 +29,11 @@ LAST = "last.json"
 CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
 FORMAT_VERSION = 1
-RUN_FILES = (CHECKPOINTS, CONFIG, METRICS, "policy", "loss.png")
+RUN_FILES = (CHECKPOINTS, CONFIG, METRICS, "policy", "loss.png", "heldout.json", "heldout.png", "offline_report.json",
+             "offline_report.md", "offline_report.png")
 # Settings a resumed run may change: how long, how often it saves and logs, how it loads data, what it shows.
 CHANGEABLE = {"steps", "save_every", "log_every", "keep_last", "num_workers", "progress", "resume", "overwrite",
-              "mixed_precision"}
+              "mixed_precision", "eval_every", "eval_chunks", "report_chunks"}
 
 
 def save_checkpoint(run: Path, step: int, policy, optimizer, ema: dict[str, torch.Tensor] | None, keep_last: int = 0) -> Path:

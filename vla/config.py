@@ -24,6 +24,10 @@ import draccus
 import numpy as np
 
 import action_tokenizers as at
+from lerobot.utils.constants import OBS_STATE
+
+from vla import data
+from vla.data import DatasetInfo
 from vla.policy import VLAConfig
 
 
@@ -81,6 +85,11 @@ class TrainConfig:
     # The policy, its optimiser and schedule (VLAConfig's fields: --policy.time_horizon=..., --policy.optimizer_lr=...).
     policy: VLAConfig = field(default_factory=VLAConfig)
     heldout_episodes: float = 0.0  # share of episodes kept out of training (and out of tokenizer fitting)
+    # Held-out measurement (vla.heldout), when heldout_episodes > 0: every eval_every steps (and at the end) on a fixed
+    # subset of eval_chunks held-out chunks; at the end the offline report on report_chunks of them.
+    eval_every: int = 250
+    eval_chunks: int = 64
+    report_chunks: int = 512
     steps: int = 3000  # optimiser steps
     batch_size: int = 32  # samples per step, over all processes
     ema_decay: float = 0.999  # EMA of the weights; 0 turns it off. The final policy uses the EMA weights.
@@ -104,6 +113,9 @@ class TrainConfig:
             (self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}"),
             (self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers}"),
             (0 <= self.heldout_episodes < 1, f"heldout_episodes is a share in [0, 1), got {self.heldout_episodes}"),
+            (self.eval_every >= 1, f"eval_every must be >= 1, got {self.eval_every}"),
+            (self.eval_chunks >= 1, f"eval_chunks must be >= 1, got {self.eval_chunks}"),
+            (self.report_chunks >= 1, f"report_chunks must be >= 1, got {self.report_chunks}"),
             (
                 self.mixed_precision in ("auto", "no", "bf16", "fp16"),
                 f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}",
@@ -112,6 +124,25 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+
+def resolve_action_state(policy: VLAConfig, info: DatasetInfo) -> VLAConfig:
+    """``policy`` with ``action_state_dims`` and ``relative_actions`` fixed from the dataset: the state dimension of
+    each action dimension (by feature name, else one to one when the dims are equal; None when neither matches), and
+    ``"auto"`` turned into its mask (every dimension but those named *gripper*)."""
+    state_names = data._flat_names(info.features.get(OBS_STATE, {}).get("names"))
+    dims = policy.action_state_dims
+    if dims is None and info.action_names and state_names and set(info.action_names) <= set(state_names):
+        dims = [state_names.index(name) for name in info.action_names]
+    elif dims is None and info.state_dim == info.action_dim:
+        dims = list(range(info.action_dim))
+    relative = policy.relative_actions
+    if relative == "auto":
+        if not info.action_names:
+            raise ValueError(f"relative_actions='auto' finds grippers by the action's names, and {info.root} names "
+                             "none; give the mask, e.g. --policy.relative_actions=[true,true,false]")  # fmt: skip
+        relative = ["gripper" not in name.lower() for name in info.action_names]
+    return dataclasses.replace(policy, action_state_dims=dims, relative_actions=relative)
 
 
 def load_config(config_path: str | None = None, args: list[str] | None = None) -> TrainConfig:

@@ -172,12 +172,14 @@ def frame_stats(
     for name, problem in nonfinite(frames, list(features)).items():
         raise ValueError(f"{info.root}: '{name}' holds NaN or inf: {problem}. Fix or drop those frames (or the "
                          "episode) in the dataset; training cannot normalise them")  # fmt: skip
-    stats = {}
-    for name in features:
-        x = frames[name].astype(np.float64)
-        stats[name] = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0), "count": np.array([len(x)])}
-        stats[name] |= {f"q{round(q * 100):02d}": np.quantile(x, q, axis=0) for q in (0.01, 0.10, 0.50, 0.90, 0.99)}
-    return stats
+    return {name: array_stats(frames[name]) for name in features}
+
+
+def array_stats(x: np.ndarray) -> dict[str, np.ndarray]:
+    """Exact statistics of rows ``[N, D]`` in ``load_stats``' layout (min, max, mean, std, count, q01..q99)."""
+    x = np.asarray(x, dtype=np.float64)
+    stats = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0), "count": np.array([len(x)])}
+    return stats | {f"q{round(q * 100):02d}": np.quantile(x, q, axis=0) for q in (0.01, 0.10, 0.50, 0.90, 0.99)}
 
 
 def write_exact_stats(root: str | Path | DatasetInfo) -> Path:
@@ -259,6 +261,13 @@ def action_chunks(
     frames = _read_frames(info, selected, [ACTION])
     rows = np.flatnonzero(frames["frame_in_episode"] % stride == 0)  # [N]
     return _chunks_at(frames, rows, time_horizon)
+
+
+def chunk_states(root: str | Path | DatasetInfo, *, episodes: list[int] | None = None, stride: int = 1) -> np.ndarray:
+    """The state at each chunk's first frame, float32 [N, S], in ``action_chunks``' order (same ``episodes``, ``stride``)."""
+    info = as_info(root)
+    frames = _read_frames(info, _check_episodes(info, episodes), [OBS_STATE])
+    return frames[OBS_STATE][frames["frame_in_episode"] % stride == 0].astype(np.float32, copy=False)
 
 
 def _chunks_at(

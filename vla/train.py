@@ -9,10 +9,17 @@ checkpoint. Batches are tokenised and packed by the policy's own pipeline in the
 recipe ``lerobot-train`` uses), and the loop waits for the device only every ``log_every`` steps. Checkpoints are JSON + safetensors, written to a temporary folder and renamed, so a crash never
 leaves a half-written one; ``--resume=true`` continues from the last one exactly (same batches, same optimiser
 and EMA state, same random state), which a test checks against an uninterrupted run.
+
+With ``--heldout_episodes`` > 0 the held-out episode ids are saved in ``heldout.json``, and every ``eval_every`` steps
+(and at the end) ``vla.heldout`` measures the policy (its EMA weights) on a fixed subset of held-out chunks: decoded
+action error per dimension against the mean-action and hold-the-state baselines, next-token accuracy, valid-chunk
+rate, into ``metrics.jsonl``, the progress bar and ``heldout.png``; at the end it writes the offline report
+(``offline_report.json`` / ``.md`` / ``.png``) on ``report_chunks`` of them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -27,6 +34,8 @@ from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
 import action_tokenizers as at
+from lerobot.utils.constants import ACTION, OBS_STATE
+
 from vla import data
 from vla.checkpoints import (
     CHECKPOINTS,
@@ -37,13 +46,17 @@ from vla.checkpoints import (
     prepare_run,
     save_checkpoint,
 )
-from vla.config import TrainConfig, load_config
+from vla.config import TrainConfig, load_config, resolve_action_state
 from vla.dataset import ActionChunkDataset
 from vla.fit import NORMALIZER_FILE
 from vla.io import atomic_write_text
-from vla.pipeline import Collate
+from vla.heldout import CURVES, Heldout, plot_curves, write_report
+from vla.pipeline import Collate, RelativeActions
 from vla.policy import VLAPolicy
 from vla.text import prompt_words
+
+
+HELDOUT = "heldout.json"  # the run's held-out (and training) episode ids
 
 
 class Diverged(RuntimeError):
@@ -80,25 +93,36 @@ class StepBatchSampler(Sampler[list[int]]):
 
 # --- building the policy ---------------------------------------------------------------------------------------
 def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
-    """Normalisers from the training frames, the tokenizer fitted on the training episodes' chunks, a new model."""
+    """Normalisers from the training frames, the tokenizer fitted on the training episodes' chunks, a new model.
+    With relative actions both the action normaliser and the tokenizer are fitted on what the model predicts: the
+    training chunks relative to their first frame's state (openpi computes its norm stats after DeltaActions too)."""
     horizon = cfg.policy.time_horizon
-    # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see data.load_stats).
-    stats = data.frame_stats(info, ["action", "observation.state"], episodes=train_episodes)
-    action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
-    state_norm = at.Normalizer.from_stats(stats["observation.state"], "quantile")
-    pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None
-    if pretrained is not None and (pretrained / NORMALIZER_FILE).is_file():  # `vla tokenizer fit`: its own normaliser
-        action_norm = at.Normalizer.load(pretrained / NORMALIZER_FILE)
-    chunks, _ = data.action_chunks(info, horizon, episodes=train_episodes)
-    tokenizer = cfg.tokenizer.build(action_norm.normalize(chunks))
     # The compact vocabulary gives the prompt's words one id each (PaliGemma's own tokenizer already does).
-    config = dataclasses.replace(
+    config = resolve_action_state(dataclasses.replace(
         cfg.policy,
         text_words=[] if cfg.policy.backbone_path else prompt_words(info.tasks),
         action_dim=info.action_dim,
         state_dim=info.state_dim,
         init_seed=cfg.seed if cfg.policy.init_seed is None else cfg.policy.init_seed,
-    )
+    ), info)  # fmt: skip
+    # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see data.load_stats).
+    stats = data.frame_stats(info, ["action", "observation.state"], episodes=train_episodes)
+    chunks, _ = data.action_chunks(info, horizon, episodes=train_episodes)
+    mask = config.relative_mask()
+    if mask is not None:
+        states = data.chunk_states(info, episodes=train_episodes)
+        chunks = RelativeActions(mask, tuple(config.action_state_dims))({ACTION: chunks, OBS_STATE: states})[ACTION]
+        stats["action"] = data.array_stats(chunks.reshape(-1, chunks.shape[-1]))
+    action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
+    state_norm = at.Normalizer.from_stats(stats["observation.state"], "quantile")
+    pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None
+    if pretrained is not None and (pretrained / NORMALIZER_FILE).is_file():  # `vla tokenizer fit`: its own normaliser
+        if mask is not None:
+            raise ValueError(f"{pretrained} holds a tokenizer fitted on absolute actions, but the policy predicts "
+                             "relative ones; train without --tokenizer.pretrained_path (the tokenizer is then fitted "
+                             "on the relative chunks) or with --policy.relative_actions=none")  # fmt: skip
+        action_norm = at.Normalizer.load(pretrained / NORMALIZER_FILE)
+    tokenizer = cfg.tokenizer.build(action_norm.normalize(chunks))
     return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=action_norm, state_normalizer=state_norm)
 
 
@@ -119,6 +143,25 @@ def _one_thread(_: int) -> None:
     torch.set_num_threads(1)  # a worker tokenises one batch at a time; threads would fight the main process
 
 
+@contextlib.contextmanager
+def ema_weights(model: torch.nn.Module, ema: dict[str, torch.Tensor] | None):
+    """The EMA weights in ``model`` for the block (what the saved policy carries); its own weights restored after."""
+    if ema is None:
+        yield
+        return
+    params = {n: p for n, p in model.named_parameters() if n in ema}
+    own = {n: p.detach().clone() for n, p in params.items()}
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(ema[n])
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(own[n])
+
+
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """Every tensor (and the packed ``Sequence``) of a batch on ``device``."""
     return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
@@ -127,13 +170,20 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
 # --- the loop --------------------------------------------------------------------------------------------------
 def main(cfg: TrainConfig) -> dict[str, Any]:
     """Train; returns a summary (final loss, samples/s, paths). Importable so tests can run it."""
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedType
 
     precision = cfg.mixed_precision
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    accelerator = Accelerator(mixed_precision=precision)
+    # cpu=True is what makes accelerate join processes started by torchrun / accelerate launch on a machine without a
+    # GPU (gloo); without cameras the vision tower is never run, which DDP must be told about.
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=not cfg.policy.image_keys)
+    accelerator = Accelerator(mixed_precision=precision, cpu=cfg.policy.device == "cpu", kwargs_handlers=[ddp])
     rank, world = accelerator.process_index, accelerator.num_processes
+    if accelerator.distributed_type == DistributedType.FSDP:  # refused now, not at the first save hours later
+        raise ValueError("vla train cannot save FSDP-sharded runs yet (its checkpoints and EMA need whole tensors); "
+                         "launch without the FSDP config (accelerate launch --num_processes N: DDP, about 60 GB per "
+                         "GPU for the 3B shape's weights, gradients and AdamW state before activations)")  # fmt: skip
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {world} processes")
     run = Path(cfg.output_dir)
@@ -154,6 +204,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     # LeRobot's presets from the policy config: the same optimiser and schedule under lerobot-train.
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = policy.config.get_optimizer_preset().build(params)
+    clip_norm = policy.config.optimizer_grad_clip_norm  # read before accelerate wraps the policy (DDP)
     # LeRobot's preset shrinks its warm-up and decay to a run shorter than scheduler_decay_steps; here the schedule is a
     # function of the step alone, so a run resumed with more --steps continues the schedule it started.
     scheduler = policy.config.get_scheduler_preset().build(optimizer, max(cfg.steps, policy.config.scheduler_decay_steps))
@@ -178,6 +229,14 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         run.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run / CONFIG, json.dumps(encoded, indent=2, default=str) + "\n")
     metrics_file = run / METRICS
+    # Held-out measurement (vla.heldout): a fixed subset of held-out chunks, read once, measured by the main process.
+    heldout = None
+    if heldout_eps and accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(policy)
+        heldout = Heldout.build(info, heldout_eps, train_eps, unwrapped.config, cfg.eval_chunks)
+        atomic_write_text(run / HELDOUT, json.dumps({"heldout_episodes": heldout_eps, "train_episodes": train_eps,
+                                                     "eval_chunks": len(heldout)}, indent=2) + "\n")  # fmt: skip
+    postfix: dict[str, str] = {}
 
     main_process = cfg.progress and accelerator.is_main_process
     bar = tqdm(total=cfg.steps, initial=start_step, desc="train", disable=not main_process)
@@ -190,8 +249,14 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         with accelerator.autocast():
             loss, metrics = policy(batch)  # cross-entropy on the action suffix only
         optimizer.zero_grad(set_to_none=True)
-        accelerator.backward(loss)
-        grad_norm = accelerator.clip_grad_norm_(params, policy.config.optimizer_grad_clip_norm)
+        weight = 1.0
+        if world > 1:  # DDP averages the ranks' gradients: each rank's mean is weighted by its share of the suffix
+            # tokens (FAST's chunks differ in length), so the step is the one a single process takes on the global batch
+            tokens = metrics["suffix_tokens"].to(loss.device)
+            total, summed = accelerator.reduce(torch.stack([tokens, loss.detach() * tokens]), "sum")
+            weight, metrics["loss"] = tokens * world / total, summed / total  # logged: the global batch's loss
+        accelerator.backward(loss * weight)
+        grad_norm = accelerator.clip_grad_norm_(params, clip_norm)
         optimizer.step()
         scheduler.step()
         step += 1
@@ -202,11 +267,12 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                     if name in ema:
                         ema[name].lerp_(p.detach(), 1 - decay)
         seen += cfg.batch_size
-        pending.append({**metrics, "loss": loss.detach(), "grad_norm": torch.as_tensor(grad_norm).detach()})
+        pending.append({**metrics, "grad_norm": torch.as_tensor(grad_norm).detach()})
         bar.update(1)
 
         saving = step % cfg.save_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or step == cfg.steps or saving:  # the only place the loop waits for the device
+        evaluating = bool(heldout_eps) and (step % cfg.eval_every == 0 or step == cfg.steps)
+        if step % cfg.log_every == 0 or step == cfg.steps or saving or evaluating:  # the only waits for the device
             rows = [{k: float(v) for k, v in m.items()} for m in pending]
             first_bad = next((step - len(rows) + 1 + i for i, r in enumerate(rows)
                               if not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]))), None)  # fmt: skip
@@ -222,10 +288,18 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                    "samples_per_s": seen / (time.perf_counter() - start_time)}  # fmt: skip
             row["loss_mean"] = float(np.mean([r["loss"] for r in rows]))
             pending = []
+            if evaluating and heldout is not None:  # the weights the saved policy will carry (EMA when on)
+                with accelerator.autocast(), ema_weights(accelerator.unwrap_model(policy), ema):
+                    row |= heldout.measure(accelerator.unwrap_model(policy))
+                hold = row["heldout_hold_state_rmse"]
+                postfix = {"heldout": f"{row['heldout_rmse']:.3f}", "mean": f"{row['heldout_mean_action_rmse']:.3f}",
+                           "hold": "n/a" if hold is None else f"{hold:.3f}", "acc": f"{row['heldout_accuracy']:.2f}"}  # fmt: skip
+            if evaluating:
+                accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 with metrics_file.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-            bar.set_postfix(loss=f"{row['loss']:.4f}", sps=f"{row['samples_per_s']:.0f}", refresh=False)
+            bar.set_postfix(loss=f"{row['loss']:.4f}", sps=f"{row['samples_per_s']:.0f}", **postfix, refresh=False)
         if saving and accelerator.is_main_process:
             save_checkpoint(run, step, accelerator.unwrap_model(policy), optimizer, ema, keep_last=cfg.keep_last)
     bar.close()
@@ -240,6 +314,14 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                         p.copy_(ema[name])
         final.save_pretrained(run / "policy")
         plot_loss(metrics_file, run / "loss.png")
+        if heldout is not None:  # the offline report, on more held-out chunks, of the policy as saved
+            plot_curves(metrics_file, run / CURVES)
+            report = Heldout.build(info, heldout_eps, train_eps, final.config, cfg.report_chunks).report(
+                final, dataset=str(info.root), steps=step, final_train_loss=losses[-1] if losses else None)
+            write_report(report, run)
+            print(f"held-out RMSE {report['policy']['rmse']:.4f} (mean action {report['baselines']['mean_action']['rmse']:.4f}, "
+                  f"hold state {'n/a' if report['beats_hold_state'] is None else format(report['baselines']['hold_state']['rmse'], '.4f')}); "
+                  f"report in {run / 'offline_report.md'}")  # fmt: skip
     if not losses and metrics_file.is_file():  # resumed at the final step (a kill during the final save): no step ran
         rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
         losses = [rows[-1]["loss"]] if rows else []
@@ -285,6 +367,9 @@ def add_cli(subparsers) -> None:
 
 
 def _run(args) -> int:
+    from accelerate import PartialState
+
     summary = main(load_config(args=list(getattr(args, "extra", []))))  # draccus reads --config_path itself
-    print(f"final loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s; policy in {summary['policy_path']}")
+    if PartialState().is_main_process:  # one line per run, not one per process
+        print(f"final loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s; policy in {summary['policy_path']}")
     return 0
