@@ -69,3 +69,21 @@ def test_evaluation_over_several_tasks_reports_each(tiny_policy, tmp_path):
     assert report["success_rate"] == np.mean([t["success_rate"] for t in report["tasks"].values()])
     assert "| drawer-open-v3 |" in (tmp_path / "eval_tasks.md").read_text()
     assert (tmp_path / "eval_tasks.png").stat().st_size > 1000
+
+
+def test_evaluation_in_lerobots_observation_convention(tmp_path):
+    from vla.sim.record import record
+
+    root = tmp_path / "agent_pos"
+    record("metaworld/push-v3", 2, root, env_options={"observation": "lerobot"}, progress=False)
+    cfg = TrainConfig(
+        dataset_root=str(root), output_dir=str(tmp_path / "run"), tokenizer=tokenizer_config("bin", n_bins=16),
+        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=4, scheduler_warmup_steps=1, device="cpu"),
+        steps=2, batch_size=4, save_every=2, progress=False,
+    )  # fmt: skip
+    policy = train.main(cfg)["policy_path"]
+    report = evaluate.evaluate(policy, "metaworld/push-v3", episodes=1, max_steps=8,
+                               env_options={"observation": "lerobot"}, progress=False)  # fmt: skip
+    assert report["lengths"] == [8] and report["valid_chunk_rate"] == 1.0
+    with pytest.raises(ValueError, match="39"):  # the privileged 39-D state is not what this policy reads
+        evaluate.evaluate(policy, "metaworld/push-v3", episodes=1, max_steps=8, progress=False)

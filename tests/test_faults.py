@@ -137,11 +137,17 @@ def test_processor_files_naming_foreign_code_are_refused_before_loading(saved_po
     from vla.policy import VLAPolicy
 
     folder = copy_of(saved_policy, tmp_path)
+    steps = json.loads((folder / "policy_preprocessor.json").read_text())["steps"]
+    assert "vla_normalizer_processor" in [s["registry_name"] for s in steps]  # the policy's own steps are known
     crafted = {"name": "policy_preprocessor", "steps": [{"class": "subprocess.getoutput", "config": {"cmd": "id"}}]}
     (folder / "policy_preprocessor.json").write_text(json.dumps(crafted))
     with pytest.raises(ValueError, match="would import and run that code"):
         VLAPolicy.from_pretrained(folder)
     crafted["steps"] = [{"registry_name": "device_processor", "class": "os.system", "config": {}}]
+    (folder / "policy_preprocessor.json").write_text(json.dumps(crafted))
+    with pytest.raises(ValueError, match="never writes"):
+        VLAPolicy.from_pretrained(folder)
+    crafted["steps"] = [{"registry_name": "normalizer_processor", "config": {}}]  # LeRobot's: it would normalise twice
     (folder / "policy_preprocessor.json").write_text(json.dumps(crafted))
     with pytest.raises(ValueError, match="never writes"):
         VLAPolicy.from_pretrained(folder)

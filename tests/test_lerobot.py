@@ -1,5 +1,7 @@
-"""LeRobot's own commands find the policy: the stock ``lerobot-train --policy.type=vla`` (through the plugin
-distribution ``lerobot_policy_vla`` that ``make setup`` installs), and ``vla eval`` on the checkpoint it writes."""
+"""LeRobot's own commands and pipelines run the policy: the stock ``lerobot-train --policy.type=vla`` (through the
+plugin distribution ``lerobot_policy_vla`` that ``make setup`` installs) with no tokenizer given, ``vla eval`` on
+its checkpoint, LeRobot's processors normalising exactly as vla does, Meta-World's ``observation="lerobot"``
+matching LeRobot's own env, and the stock ``lerobot-eval`` scoring a policy trained on such a recording."""
 
 from __future__ import annotations
 
@@ -11,7 +13,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+
+import action_tokenizers as at
+from tests.conftest import fitted_tokenizers
+
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+# LeRobot's Meta-World episodes are 500 steps, each rendering two 480 px frames (the policy's and the video's):
+# 10-20 minutes of software GL on 2 cores. The eval test shortens LeRobot's episode to this many steps in the
+# subprocess and runs the stock lerobot-eval otherwise unchanged.
+EVAL_STEPS = 20
+
+
+def _bin(name: str) -> str:
+    return shutil.which(name, path=str(Path(sys.executable).parent))
+
+
+def _lerobot_train(root: Path, out: Path, *extra: str) -> Path:
+    args = [_bin("lerobot-train"), "--policy.type=vla", "--policy.device=cpu", "--policy.preset=micro",
+            "--dataset.repo_id=local/push", f"--dataset.root={root}", f"--output_dir={out}", "--steps=2",
+            "--batch_size=4", "--num_workers=0", "--save_freq=2", "--log_freq=1", "--wandb.enable=false",
+            *extra]  # fmt: skip
+    done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out / "checkpoints" / "000002" / "pretrained_model"
 
 
 def test_the_plugin_distribution_is_what_lerobot_discovers():
@@ -24,23 +51,166 @@ def test_the_plugin_distribution_is_what_lerobot_discovers():
     assert PreTrainedConfig.get_choice_class("vla") is lerobot_policy_vla.VLAConfig
 
 
-@pytest.mark.slow
-def test_stock_lerobot_train_then_vla_eval_on_its_checkpoint(tiny_dataset_root, tmp_path):
-    from vla.cli import main
+# --- normalisation as LeRobot processor steps ----------------------------------------------------------------------
+def _policy_with_a_constant_state_dim():
+    """A micro policy whose state has a constant dimension (q01 == q99: where LeRobot's own QUANTILES formula and
+    ours part ways), saved and ready for LeRobot's processors."""
+    from vla.policy import VLAConfig, VLAPolicy
 
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    assert main(["tokenizer", "fit", "--root", str(tiny_dataset_root), "--type", "fast", "--time-horizon", "10",
-                 "--out", str(tmp_path / "tok")]) == 0  # fmt: skip
-    lerobot_train = shutil.which("lerobot-train", path=str(Path(sys.executable).parent))
-    args = [lerobot_train, "--policy.type=vla", f"--policy.action_tokenizer_path={tmp_path / 'tok'}",
-            "--policy.device=cpu", "--policy.preset=micro", "--dataset.repo_id=local/push",
-            f"--dataset.root={tiny_dataset_root}", f"--output_dir={tmp_path / 'run'}", "--steps=2", "--batch_size=4",
-            "--num_workers=0", "--save_freq=2", "--log_freq=1", "--wandb.enable=false"]  # fmt: skip
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    checkpoint = tmp_path / "run" / "checkpoints" / "000002" / "pretrained_model"
-    assert json.loads((checkpoint / "config.json").read_text())["type"] == "vla"
+    rng = np.random.default_rng(0)
+    states = rng.standard_normal((300, 5))
+    states[:, 3] = 0.25  # constant
+    actions = 3.0 * rng.standard_normal((300, 10, 3)) + 1.0
+    config = VLAConfig(preset="micro", time_horizon=10, n_action_steps=4, device="cpu", init_seed=0)
+    return VLAPolicy(config, action_tokenizer=fitted_tokenizers()["bin"], action_normalizer=at.Normalizer.fit(actions),
+                     state_normalizer=at.Normalizer.fit(states)).eval()  # fmt: skip
+
+
+def _raw_batch(b: int = 3) -> dict:
+    g = torch.Generator().manual_seed(1)
+    state = torch.randn(b, 5, generator=g)
+    state[:, 3] = 0.25
+    return {"observation.state": state, "task": ["push the puck"] * b,
+            "action": 3.0 * torch.randn(b, 10, 3, generator=g) + 1.0}  # fmt: skip
+
+
+def test_lerobots_loaded_processors_and_the_policy_give_vlas_actions(tmp_path):
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from vla.policy import VLAPolicy
+    from vla.policy.processor_vla import NORMALIZER_STEP, UNNORMALIZER_STEP, check_processor_files
+
+    policy = _policy_with_a_constant_state_dim()
+    policy.save_pretrained(tmp_path / "ckpt")
+    check_processor_files(tmp_path / "ckpt")  # our own steps pass the check
+    pre_file = json.loads((tmp_path / "ckpt" / "policy_preprocessor.json").read_text())
+    names = [s["registry_name"] for s in pre_file["steps"]]
+    assert NORMALIZER_STEP in names and all("class" not in s for s in pre_file["steps"])
+    assert (tmp_path / "ckpt" / pre_file["steps"][names.index(NORMALIZER_STEP)]["state_file"]).is_file()
+    post_file = json.loads((tmp_path / "ckpt" / "policy_postprocessor.json").read_text())
+    assert UNNORMALIZER_STEP in [s["registry_name"] for s in post_file["steps"]]
+
+    loaded = VLAPolicy.from_pretrained(tmp_path / "ckpt")
+    pre, post = make_pre_post_processors(loaded.config, pretrained_path=str(tmp_path / "ckpt"))
+    batch = _raw_batch()
+    obs = {k: v for k, v in batch.items() if k != "action"}
+    expected = policy.predict_action_chunk(obs)  # vla's own path: the policy normalises itself
+    normalised = pre(dict(obs))
+    assert normalised["vla.normalized"] is True
+    state_norm = policy.state_normalizer.normalize(obs["observation.state"].double().numpy())
+    assert np.array_equal(normalised["observation.state"].numpy(), state_norm)  # exact, constant dim at 0
+    assert np.allclose(normalised["observation.state"][:, 3].numpy(), 0.0)
+    chunk = loaded.predict_action_chunk(normalised)  # normalised chunks: the policy did not unnormalise
+    assert not torch.allclose(chunk, expected, atol=1e-3)
+    assert torch.allclose(post(chunk), expected, atol=1e-5)  # float32 rounding of the normalised chunk only
+
+    loaded.reset()
+    action = post(loaded.select_action(pre(dict(obs))))  # what lerobot-eval runs
+    assert torch.allclose(action, expected[:, 0], atol=1e-5)
+
+    # Training: LeRobot's trainer normalises the batch first; the loss is the one vla's own path gives.
+    torch.manual_seed(0)
+    loss_vla, _ = policy.forward(dict(batch))
+    loss_lerobot, _ = loaded.forward(pre(dict(batch)))
+    assert torch.allclose(loss_vla, loss_lerobot, atol=1e-6)
+
+
+def test_normalisation_steps_without_their_state_are_refused(tmp_path):
+    from vla.policy.processor_vla import VLANormalizerProcessorStep
+
+    step = VLANormalizerProcessorStep(modes={"observation.state": "quantile"})
+    with pytest.raises(ValueError, match="state lacks observation.state.offset"):
+        step.load_state_dict({})
+    with pytest.raises(ValueError, match="no statistics"):
+        step._apply("observation.state", torch.zeros(1, 2), False, None)
+
+
+# --- Meta-World with LeRobot's observation ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_lerobot_observation_is_what_lerobots_metaworld_env_gives():
+    """State, image (camera, position, size, flip), key names and instruction equal LeRobot's own env's."""
+    from lerobot.envs.metaworld import MetaworldEnv as LeRobotMetaworldEnv
+    from lerobot.utils.constants import OBS_IMAGE, OBS_STATE
+
+    from vla.sim import make_env
+
+    ours = make_env("metaworld/push-v3", image_keys=[OBS_IMAGE], observation="lerobot")
+    theirs = LeRobotMetaworldEnv("push-v3", obs_type="pixels_agent_pos")
+    try:
+        assert ours.features[OBS_STATE]["shape"] == (4,) and ours.features[OBS_IMAGE]["shape"] == (480, 480, 3)
+        for seed in (1000, 1003):
+            obs = ours.reset(seed)
+            lr, _ = theirs.reset(seed=seed)
+            action = np.array([0.4, -0.3, 0.2, 1.0], dtype=np.float32)
+            for _ in range(2):
+                assert np.array_equal(obs[OBS_STATE], lr["agent_pos"].astype(np.float32))
+                diff = np.abs(ours.last_frames[OBS_IMAGE].astype(int) - lr["pixels"].astype(int))
+                # Identical but for a handful of pixels after the first reset (LeRobot's env resets once more).
+                assert (diff > 0).mean() < 1e-4 and diff.max() <= 8, ((diff > 0).sum(), diff.max())
+                assert obs[OBS_IMAGE].shape == (3, 480, 480)
+                obs, *_ = ours.step(action)
+                lr, *_ = theirs.step(action)
+            assert obs["task"] == theirs.task_description == "Push the puck to a goal"
+    finally:
+        ours.close()
+        theirs.close()
+    with pytest.raises(ValueError, match="LeRobot's one camera"):
+        make_env("metaworld/push-v3", image_keys=["observation.images.corner3"], observation="lerobot")
+    with pytest.raises(ValueError, match="480"):
+        make_env("metaworld/push-v3", image_keys=[OBS_IMAGE], image_size=128, observation="lerobot")
+
+
+# --- the stock commands -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_stock_lerobot_train_fits_a_tokenizer_then_vla_eval_on_its_checkpoint(tiny_dataset_root, tmp_path):
+    """No --policy.action_tokenizer_path: the policy fits one on the dataset, with the prompt words, as vla train."""
+    from vla import data
+    from vla.cli import main
+    from vla.policy.processor_vla import NORMALIZER_STEP
+    from vla.text import prompt_words
+
+    checkpoint = _lerobot_train(tiny_dataset_root, tmp_path / "run")
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["type"] == "vla" and config["action_tokenizer_path"] is None
+    # vla train's recipe: the state as an embedding, and the prompt's words in the compact vocabulary
+    assert config["state_encoding"] == "embedding"
+    assert config["text_words"] == prompt_words(data.dataset_info(tiny_dataset_root).tasks)
+    tok = at.load_tokenizer(checkpoint / "action_tokenizer")  # fitted on the dataset's chunks
+    assert tok.name == "fast" and tok.time_horizon == config["time_horizon"] and tok.action_dim == 4
+    steps = json.loads((checkpoint / "policy_preprocessor.json").read_text())["steps"]
+    assert NORMALIZER_STEP in [s["registry_name"] for s in steps]  # the trainer's own processors, saved
     assert main(["eval", "--policy", str(checkpoint), "--episodes", "1", "--max-steps", "5",
                  "--out", str(tmp_path / "eval")]) == 0  # fmt: skip
     report = json.loads((tmp_path / "eval" / "eval_info.json").read_text())
     assert report["episodes"] == 1 and report["valid_chunk_rate"] == 1.0
+
+
+@pytest.mark.slow
+def test_stock_lerobot_eval_scores_a_policy_trained_on_a_lerobot_recording(tmp_path):
+    """A state-only recording in LeRobot's convention (agent_pos: recording LeRobot's 480 px image costs ~1 s a
+    frame here), the stock lerobot-train, then LeRobot's evaluator on its own Meta-World env."""
+    from vla.sim.record import record
+
+    root = tmp_path / "push_lerobot"
+    record("metaworld/push-v3", 2, root, env_options={"observation": "lerobot"}, progress=False)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["features"]["observation.state"]["shape"] == [4]
+    checkpoint = _lerobot_train(root, tmp_path / "run")
+    patch = (
+        "import sys, lerobot.envs.metaworld as m\n"
+        "init = m.MetaworldEnv.__init__\n"
+        f"def short(self, *a, **k):\n    init(self, *a, **k)\n    self._max_episode_steps = {EVAL_STEPS}\n"
+        "m.MetaworldEnv.__init__ = short\n"
+        "from lerobot.scripts.lerobot_eval import main\n"
+        "sys.argv[0] = 'lerobot-eval'\n"
+        "sys.exit(main())\n"
+    )
+    args = [sys.executable, "-c", patch, "--env.type=metaworld", "--env.task=push-v3",
+            f"--policy.path={checkpoint}", "--policy.device=cpu", "--eval.n_episodes=1", "--eval.batch_size=1",
+            f"--output_dir={tmp_path / 'eval'}"]  # fmt: skip
+    done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "eval_info.json").read_text())
+    overall = report["overall"]
+    assert overall["n_episodes"] == 1 and 0.0 <= overall["pc_success"] <= 100.0
+    assert np.isfinite(overall["avg_sum_reward"])

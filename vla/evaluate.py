@@ -93,6 +93,7 @@ def evaluate(
     max_steps: int | None = None,
     num_envs: int = 10,
     gif_episodes: int = 0,
+    env_options: dict[str, Any] | None = None,
     out_dir: str | Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -126,8 +127,10 @@ def evaluate(
     # Task by task, seeds seed_start.. for each: episode k is task k // episodes (a GIF shows the first task's).
     episode_list = [(name, seed) for name in names for seed in range(seed_start, seed_start + episodes)]
     size = config.image_size or policy.model.image_size
+    if (env_options or {}).get("observation") == "lerobot":
+        size = None  # LeRobot's convention renders at its own size; the policy's pipeline resizes
     per_task = max(1, min(num_envs // len(names), episodes))
-    envs = [make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps)
+    envs = [make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps, **(env_options or {}))
             for name in names for _ in range(per_task)]  # fmt: skip
     on_step = None
     if record_frames:
@@ -248,6 +251,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--n-action-steps", type=int, default=None, help="actions run per chunk (default: the policy's)")
     p.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the simulator's)")
     p.add_argument("--num-envs", type=int, default=10, help="episodes run at once, their chunks decoded as one batch")
+    p.add_argument("--observation", choices=["privileged", "lerobot"], default=None,
+                   help="Meta-World's observation convention the policy was trained on (vla data record --observation; "
+                   "default: the privileged 39-D state)")
     p.add_argument("--gif", type=int, default=0, help="save a GIF of this many episodes (policies with a camera)")
     p.add_argument("--out", type=Path, default=None, help="folder for eval_info.json (default: beside the policy)")
     p.set_defaults(func=_run)
@@ -258,7 +264,7 @@ def _run(args: argparse.Namespace) -> int:
     report = evaluate(
         args.policy, f"{args.env}/{args.task}", args.episodes, seed_start=args.seed_start,
         n_action_steps=args.n_action_steps, max_steps=args.max_steps, num_envs=args.num_envs, gif_episodes=args.gif,
-        out_dir=out,
+        env_options={"observation": args.observation} if args.observation else None, out_dir=out,
     )  # fmt: skip
     if "tasks" in report:
         print(task_table({"success": task_rates(report)}), end="")

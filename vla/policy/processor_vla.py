@@ -1,22 +1,125 @@
 """LeRobot's processor pipelines for the VLA policy (``make_vla_pre_post_processors``, found by LeRobot's factory by
-its naming convention), and the check that a folder's processor files name only these steps. LeRobot's own commands
-find the policy through the plugin distribution in ``plugin/``.
+its naming convention), the normalisation steps they hold, and the check that a folder's processor files name only
+these steps. LeRobot's own commands find the policy through the plugin distribution in ``plugin/``.
 
-The pipelines batch observations and move them to the device on the way in, and move actions back to the CPU on
-the way out. Normalisation, tokenising and packing are the policy's own data pipeline (``vla.pipeline``), run by
-``policy.forward`` / ``policy.predict_action_chunk``.
+    pre:  rename -> batch -> vla_normalizer_processor (state, action) -> device
+    post: vla_unnormalizer_processor (action) -> cpu
+
+The normalisation steps apply the policy's own ``action_tokenizers.Normalizer`` (in float64), so LeRobot's pipelines
+(``lerobot-train``, ``lerobot-eval``, ``lerobot-record``) normalise exactly as ``vla``'s own path does. They are ours
+and not LeRobot's ``NormalizerProcessorStep`` with QUANTILES because the two formulas differ where it matters: for
+a dimension with q01 == q99 (Meta-World's second object in a one-object task: zeros) LeRobot divides by 1e-8 and
+maps the constant to -1 and anything else to +-1e8, ours maps it to 0; LeRobot also normalises in float32 and
+mean_std divides by std + 1e-8. Neither clips (the tokenizers clip and count).
+
+How the policy knows: the normaliser step marks the batch (``NORMALIZED`` in LeRobot's complementary data, which
+reaches the policy as ``batch["vla.normalized"]``); the policy's own ``Normalize`` / ``Unnormalize`` steps
+(``vla.pipeline``) then pass the batch through, so ``predict_action_chunk`` returns normalised chunks and the
+post-processor unnormalises them. Without the mark (``vla train``, ``vla eval``, serving, or a folder saved before
+these steps existed) the policy normalises itself, as before.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import torch
+from lerobot.processor import ProcessorStep, ProcessorStepRegistry, TransitionKey
+from lerobot.utils.constants import ACTION, OBS_STATE
+
+import action_tokenizers as at
 from vla.io import read_json
+from vla.pipeline import NORMALIZED
+
+logger = logging.getLogger(__name__)
 
 PROCESSOR_FILES = ("policy_preprocessor.json", "policy_postprocessor.json")
+NORMALIZER_STEP, UNNORMALIZER_STEP = "vla_normalizer_processor", "vla_unnormalizer_processor"
 # The steps make_vla_pre_post_processors writes. LeRobot's DataProcessorPipeline.from_pretrained imports and calls any
 # class a processor file names, so a folder whose files name anything else is refused before LeRobot reads it.
-KNOWN_STEPS = ("rename_observations_processor", "to_batch_processor", "device_processor")
+KNOWN_STEPS = ("rename_observations_processor", "to_batch_processor", NORMALIZER_STEP, "device_processor",
+               UNNORMALIZER_STEP)  # fmt: skip
+
+
+@dataclass
+class _Normalization:
+    """The policy's normalisers by key (``observation.state``, ``action``): ``modes`` is the step's JSON config,
+    the offsets and scales its state (float64 tensors in LeRobot's ``*.safetensors`` beside the JSON)."""
+
+    modes: dict[str, str] = field(default_factory=dict)
+    normalizers: dict[str, at.Normalizer] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, normalizers: dict[str, at.Normalizer]):
+        return cls(modes={k: n.mode for k, n in normalizers.items()}, normalizers=dict(normalizers))
+
+    def get_config(self) -> dict[str, Any]:
+        return {"modes": dict(self.modes)}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for key, n in self.normalizers.items():
+            out[f"{key}.offset"], out[f"{key}.scale"] = torch.from_numpy(n.offset), torch.from_numpy(n.scale)
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing = [f"{k}.{p}" for k in self.modes for p in ("offset", "scale") if f"{k}.{p}" not in state]
+        if missing:
+            raise ValueError(f"the {type(self).__name__} state lacks {', '.join(missing)}; save the policy again")
+        self.normalizers = {
+            k: at.Normalizer(mode, state[f"{k}.offset"].double().numpy(), state[f"{k}.scale"].double().numpy())
+            for k, mode in self.modes.items()
+        }
+
+    def transform_features(self, features):
+        return features
+
+    def _apply(self, key: str, value: Any, inverse: bool, dtype: torch.dtype | None) -> Any:
+        """``value`` (tensor or array, ``[..., D]``) through the normaliser of ``key``; ``dtype=None`` keeps the
+        input's dtype, else the result has ``dtype`` (float64 on the way in: exactly the numbers vla computes)."""
+        if key not in self.normalizers:
+            if key in self.modes:
+                raise ValueError(f"{type(self).__name__} has no statistics for {key!r}; load it with its state file")
+            return value
+        tensor = torch.as_tensor(value)
+        x = tensor.detach().cpu().double().numpy()
+        norm = self.normalizers[key]
+        out = norm.unnormalize(x) if inverse else norm.normalize(x)
+        return torch.from_numpy(out).to(device=tensor.device, dtype=dtype or tensor.dtype)
+
+
+@ProcessorStepRegistry.register(name=NORMALIZER_STEP)
+@dataclass
+class VLANormalizerProcessorStep(_Normalization, ProcessorStep):
+    """Raw ``observation.state`` and (in training) ``action`` -> normalised with the policy's normalisers, as
+    float64; marks the batch as normalised (``NORMALIZED``) so the policy does not normalise it again."""
+
+    def __call__(self, transition: dict) -> dict:
+        out = transition.copy()
+        obs = out.get(TransitionKey.OBSERVATION)
+        if obs is not None and OBS_STATE in obs:
+            state = self._apply(OBS_STATE, obs[OBS_STATE], False, torch.float64)
+            out[TransitionKey.OBSERVATION] = {**obs, OBS_STATE: state}
+        if out.get(TransitionKey.ACTION) is not None:
+            out[TransitionKey.ACTION] = self._apply(ACTION, out[TransitionKey.ACTION], False, torch.float64)
+        out[TransitionKey.COMPLEMENTARY_DATA] = {**(out.get(TransitionKey.COMPLEMENTARY_DATA) or {}), NORMALIZED: True}
+        return out
+
+
+@ProcessorStepRegistry.register(name=UNNORMALIZER_STEP)
+@dataclass
+class VLAUnnormalizerProcessorStep(_Normalization, ProcessorStep):
+    """Normalised actions (``[B, D]`` from ``select_action`` or chunks ``[B, T, D]``) -> raw units, same dtype."""
+
+    def __call__(self, transition: dict) -> dict:
+        out = transition.copy()
+        if out.get(TransitionKey.ACTION) is not None:
+            out[TransitionKey.ACTION] = self._apply(ACTION, out[TransitionKey.ACTION], True, None)
+        return out
 
 
 def check_processor_files(folder: str | Path) -> None:
@@ -36,15 +139,51 @@ def check_processor_files(folder: str | Path) -> None:
                 )
 
 
-def make_vla_pre_post_processors(config, dataset_stats: dict | None = None):
-    """LeRobot's processor pair for this policy: batch and move to the device in, back to the CPU out.
+def make_vla_pre_post_processors(
+    config, dataset_stats: dict | None = None, *, normalizers: dict[str, at.Normalizer] | None = None
+):
+    """LeRobot's processor pair for this policy: batch, normalise and move to the device in; unnormalise and back
+    to the CPU out.
 
-    No normalisation steps: the policy normalises with its own saved normalisers (``dataset_stats`` is unused).
+    The normalisers are ``normalizers`` (``{"observation.state": ..., "action": ...}``: the policy's own, when it
+    saves itself), else built from ``dataset_stats`` exactly as the policy builds its own (LeRobot's factory passes
+    the dataset's stats to both). With neither, or with relative actions (the policy subtracts the raw state before
+    normalising, so it must see raw numbers), no normalisation steps: the policy then normalises itself.
     """
     from lerobot.processor.factory import make_default_policy_processor_steps, make_policy_processor_pipelines
 
+    relative = getattr(config, "relative_actions", "none")
+    if relative != "none" and (isinstance(relative, str) or any(relative)):
+        normalizers = dataset_stats = None
+    if normalizers is None and dataset_stats is not None:
+        normalizers = {OBS_STATE: normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode),
+                       ACTION: normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)}  # fmt: skip
     steps = make_default_policy_processor_steps(config, None)
+    normalize = [VLANormalizerProcessorStep.of(normalizers)] if normalizers else []
+    unnormalize = [VLAUnnormalizerProcessorStep.of({ACTION: normalizers[ACTION]})] if normalizers else []
     return make_policy_processor_pipelines(
-        input_steps=[steps.rename_observations, steps.add_batch_dim, steps.to_device],
-        output_steps=[steps.to_cpu],
+        input_steps=[steps.rename_observations, steps.add_batch_dim, *normalize, steps.to_device],
+        output_steps=[*unnormalize, steps.to_cpu],
     )
+
+
+def normalizer_from_stats(stats: dict[str, dict[str, Any]] | None, key: str, mode: str) -> at.Normalizer:
+    """The normaliser of ``key`` from LeRobot's dataset stats (``{key: {"q01": ..., "q99": ..., ...}}``)."""
+    if stats is None or key not in stats:
+        raise ValueError(
+            f"no normaliser for {key!r}: pass {'action' if key == ACTION else 'state'}_normalizer=at.Normalizer(...) "
+            f"or dataset_stats holding {key!r} (LeRobot's factory passes the dataset's stats)"
+        )
+    entry = {k: np.asarray(torch.as_tensor(v).cpu(), dtype=np.float64) for k, v in stats[key].items()}
+    if mode == "quantile" and {"q01", "q99", "min", "max"} <= entry.keys():
+        # LeRobot 0.6 averages per-episode quantiles: a dimension that is constant within each episode but not
+        # across them (a goal, an object's start) gets q01 == q99, and the policy cannot see it.
+        collapsed = np.flatnonzero((entry["q99"] - entry["q01"] < 1e-8) & (entry["max"] - entry["min"] > 1e-6))
+        if len(collapsed):
+            logger.warning(
+                "%s: dimensions %s vary (min < max) but their q01 == q99 in these stats, so quantile normalisation "
+                "hides them. LeRobot's stats.json averages per-episode quantiles; normalise with exact ones "
+                "(`vla data stats`, or vla.data.frame_stats as `vla train` does) or use the mean_std mode.",
+                key, collapsed.tolist(),
+            )  # fmt: skip
+    return at.Normalizer.from_stats(entry, mode)

@@ -69,7 +69,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     rec.add_argument("--images", action="store_true", help="also record a camera image per step")
     rec.add_argument(
-        "--image-size", type=int, default=DEFAULT_IMAGE_SIZE, help="square image side (default: %(default)s)"
+        "--image-size", type=int, default=None,
+        help=f"square image side (default: {DEFAULT_IMAGE_SIZE}; with --observation lerobot, LeRobot's 480)"
     )
     rec.add_argument(
         "--camera", action="append", default=None, dest="cameras",

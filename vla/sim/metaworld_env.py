@@ -1,13 +1,26 @@
 """Meta-World behind the simulator interface (``vla.sim``): one MT1 task per env, and its scripted expert.
 
-The observation is a dict with the keys of a dataset sample (``vla.data``), unbatched:
+The observation is a dict with the keys of a dataset sample (``vla.data``), unbatched. Two conventions
+(``observation=``):
 
+``"privileged"`` (the default: what the README's policies are trained on)
     "observation.state"            float32 [39]       Meta-World's goal-observable observation (see STATE_NAMES)
     "observation.images.<camera>"  float32 [3, H, W]  RGB in [0, 1], for each camera asked for (``image_keys``)
     "task"                         str                a short sentence, e.g. "push the puck to a goal"
 
-so a policy sees the same types in the simulator as in training. Actions are float [4]: the hand's
-xyz displacement and the gripper effort, each in [-1, 1] (Meta-World clips; so do we, before recording).
+``"lerobot"`` (exactly what LeRobot's own Meta-World env, ``lerobot/envs/metaworld.py``, gives a policy under
+``lerobot-eval --env.type=metaworld``, so a policy trained on such a recording is scored by LeRobot's evaluator)
+    "observation.state"            float32 [4]        ``agent_pos``: the first four values (hand xyz, gripper)
+    "observation.image"            float32 [3, 480, 480]  the ``corner2`` camera where LeRobot moves it, flipped
+                                                      on both axes, at Meta-World's own render quality
+    "task"                         str                LeRobot's sentence as it is, e.g. "Push the puck to a goal"
+    "expert_state"                 float32 [39]       the full observation, for the scripted expert only (never
+                                                      recorded, never seen by a policy)
+
+so a policy sees the same types in the simulator as in training. Rendering LeRobot's image costs 0.5-1 s a frame on
+a CPU (software GL); the privileged cameras skip anti-aliasing, shadows and reflections and cost ~10 ms at 128 px.
+Actions are float [4]: the hand's xyz displacement and the gripper effort, each in [-1, 1] (Meta-World clips; so do
+we, before recording).
 
 Layouts: Meta-World's ``reset(seed=...)`` ignores the seed and MT1 holds only 50 fixed layouts, so the
 wrapper draws each layout from the env's own generator, seeded per episode (``reset(seed)``): every
@@ -24,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from lerobot.utils.constants import ACTION, OBS_STATE
+from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
 from vla.data import IMAGE_PREFIX
 from vla.names import check_name
@@ -50,6 +63,24 @@ _UPSIDE_DOWN_CAMERAS = {"corner", "corner2", "corner3"}
 # along its own line of sight (same direction, closer) so the table fills the frame.
 _CAMERA_DOLLY_M = {"corner2": 0.4}
 
+OBSERVATIONS = ("privileged", "lerobot")  # the observation conventions (module docstring)
+EXPERT_STATE = "expert_state"  # the full observation beside a partial one, read by ExpertPolicy only
+# LeRobot's Meta-World env (lerobot/envs/metaworld.py, lerobot 0.6): agent_pos = the first four values, one camera
+# "corner2" at 480 x 480 moved to this position, flipped on both axes, as "observation.image".
+LEROBOT_STATE_NAMES = STATE_NAMES[:4]
+LEROBOT_CAMERA = "corner2"
+LEROBOT_CAMERA_POS = (0.75, 0.075, 0.7)
+LEROBOT_IMAGE_SIZE = 480
+
+
+# Meta-World's MT10 benchmark (Yu et al., 2019): ten tasks, some of them pairs that start from alike scenes
+# (drawer-open / drawer-close, window-open / window-close) and differ only in what the instruction asks.
+MT10 = (
+    "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
+    "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3",
+)  # fmt: skip
+TASK_SETS = {"mt10": MT10}
+
 
 def task_names() -> list[str]:
     """Every Meta-World v3 task name, e.g. ``["assembly-v3", ..., "window-close-v3"]``."""
@@ -68,14 +99,19 @@ def task_text(task: str) -> str:
     as data: importing ``lerobot.envs`` costs seconds), lower-cased; unknown tasks fall back to the name
     with ``-`` turned into spaces and the version dropped.
     """
-    global _TASK_TEXT
-    if _TASK_TEXT is None:
-        _TASK_TEXT = _load_lerobot_task_text()
-    text = _TASK_TEXT.get(task)
+    text = lerobot_task_text(task)
     if text:
         return text[0].lower() + text[1:]
     base = task[: -len("-v3")] if task.endswith("-v3") else task
     return base.replace("-", " ")
+
+
+def lerobot_task_text(task: str) -> str | None:
+    """LeRobot's sentence for the task as it ships it (``"Push the puck to a goal"``), or None if it has none."""
+    global _TASK_TEXT
+    if _TASK_TEXT is None:
+        _TASK_TEXT = _load_lerobot_task_text()
+    return _TASK_TEXT.get(task) or None
 
 
 def _load_lerobot_task_text() -> dict[str, str]:
@@ -100,6 +136,10 @@ class MetaWorldEnv:
     The ``vla.sim.Env`` interface: ``reset(seed) -> obs``; ``step(action) -> (obs, reward, done, info)`` where
     ``done`` is success or the step limit, and ``info`` has ``success`` (bool) and ``truncated`` (bool). Close it
     (or use ``with``) to release the renderer.
+
+    ``observation="lerobot"`` gives LeRobot's convention (module docstring): its one camera is asked for with
+    ``image_keys=["observation.image"]`` (or the family's default camera key, ``observation.images.corner2``, which
+    names the same camera), at LeRobot's 480 px (``image_size`` unset or 480).
     """
 
     action_dim = ACTION_DIM
@@ -112,15 +152,20 @@ class MetaWorldEnv:
         image_keys: list[str] | tuple[str, ...] = (),
         image_size: int | None = None,
         max_steps: int | None = None,
+        observation: str = "privileged",
     ):
         self.task = check_name("Meta-World task", task, task_names())
+        self.observation = check_name("observation convention", observation, OBSERVATIONS)
+        self.lerobot = self.observation == "lerobot"
         self.name = f"metaworld/{self.task}"
-        self.task_text = task_text(self.task)
+        self.task_text = (self.lerobot and lerobot_task_text(self.task)) or task_text(self.task)
         self.max_steps = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         self.image_keys = list(image_keys)
-        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX)]
+        if self.lerobot:
+            self.image_keys, image_size = _lerobot_camera(self.image_keys, image_size)
+        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX) and not self.lerobot]
         if bad:
             raise ValueError(f"cameras are named by their dataset key, e.g. '{IMAGE_PREFIX}{DEFAULT_CAMERA}'; got {bad}")
         self.image_size = (image_size or DEFAULT_IMAGE_SIZE) if self.image_keys else None
@@ -148,7 +193,10 @@ class MetaWorldEnv:
         self.fps = int(round(1.0 / self._env.dt))  # 80 Hz: 5 physics steps of 2.5 ms per action
 
         self._renderer = None
-        if self.image_keys:
+        if self.image_keys and self.lerobot:
+            self._renderer = self._make_lerobot_renderer()
+            _RENDERING_ENVS.add(self)
+        elif self.image_keys:
             self._renderer = self._make_renderer(self.image_size, [k.removeprefix(IMAGE_PREFIX) for k in self.image_keys])
             _RENDERING_ENVS.add(self)
         self._steps = 0
@@ -158,8 +206,9 @@ class MetaWorldEnv:
     @property
     def features(self) -> dict[str, dict]:
         """The LeRobot feature spec of the observations and actions (cameras as PNG frames: exact pixels)."""
+        state_names = LEROBOT_STATE_NAMES if self.lerobot else STATE_NAMES
         features: dict[str, dict] = {
-            OBS_STATE: {"dtype": "float32", "shape": (STATE_DIM,), "names": STATE_NAMES},
+            OBS_STATE: {"dtype": "float32", "shape": (len(state_names),), "names": state_names},
             ACTION: {"dtype": "float32", "shape": (ACTION_DIM,), "names": ACTION_NAMES},
         }
         for key in self.image_keys:
@@ -214,19 +263,42 @@ class MetaWorldEnv:
         """Camera ``key``'s image now, uint8 [H, W, 3] (what the dataset stores)."""
         if self._renderer is None:
             raise RuntimeError("this env renders nothing: make it with image_keys=[...]")
-        camera = key.removeprefix(IMAGE_PREFIX)
-        self._renderer.update_scene(self._env.data, camera=camera)
-        image = self._renderer.render()  # uint8 [H, W, 3]
+        if self.lerobot:  # one camera, rendered as LeRobot's env renders it (Meta-World's own renderer)
+            camera = LEROBOT_CAMERA
+            image = self._renderer.render("rgb_array")  # uint8 [H, W, 3]
+        else:
+            camera = key.removeprefix(IMAGE_PREFIX)
+            self._renderer.update_scene(self._env.data, camera=camera)
+            image = self._renderer.render()  # uint8 [H, W, 3]
         if camera in _UPSIDE_DOWN_CAMERAS:
             image = image[::-1, ::-1]
         return np.ascontiguousarray(image)
 
     def _observe(self, raw: np.ndarray) -> dict[str, Any]:
         obs: dict[str, Any] = {OBS_STATE: raw.astype(np.float32), "task": self.task_text}
+        if self.lerobot:  # agent_pos; the expert still reads the whole observation
+            obs = {OBS_STATE: raw[:4].astype(np.float32), "task": self.task_text, EXPERT_STATE: raw.astype(np.float32)}
         for key in self.image_keys:
             self.last_frames[key] = frame = self.render(key)  # uint8 [H, W, 3], what a recording stores
             obs[key] = frame.transpose(2, 0, 1).astype(np.float32) / 255.0  # float32 [3, H, W], LeRobot's layout
         return obs
+
+    def _make_lerobot_renderer(self):
+        """Meta-World's own renderer (gymnasium's ``MujocoRenderer``) on LeRobot's camera and at LeRobot's position,
+        with the model's own render quality: the pixels LeRobot's env gives."""
+        import mujoco
+        from gymnasium.envs.mujoco.mujoco_rendering import MujocoRenderer
+
+        model = self._env.model
+        model.cam_pos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, LEROBOT_CAMERA)] = LEROBOT_CAMERA_POS
+        size = self.image_size
+        renderer = MujocoRenderer(model, self._env.data, None, size, size, camera_name=LEROBOT_CAMERA)
+        try:
+            renderer.render("rgb_array")  # makes the GL context now, so a missing GL library fails here
+        except Exception as err:
+            raise _offscreen_error(err) from err
+        _register_close_hook()
+        return renderer
 
     def _make_renderer(self, size: int, cameras: list[str]):
         import mujoco
@@ -250,16 +322,41 @@ class MetaWorldEnv:
         try:
             renderer = mujoco.Renderer(model, height=size, width=size)
         except Exception as err:  # the GL library is missing or MUJOCO_GL names an unusable backend
-            raise RuntimeError(
-                f"MuJoCo cannot render offscreen (MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}): {err}. "
-                "Install a GL library (Debian: apt-get install libegl1 libgl1-mesa-dri for MUJOCO_GL=egl, "
-                "or libosmesa6 for MUJOCO_GL=osmesa), and set MUJOCO_GL before mujoco is first imported."
-            ) from err
-        global _close_hook_registered
-        if not _close_hook_registered:
-            atexit.register(_close_renderers)
-            _close_hook_registered = True
+            raise _offscreen_error(err) from err
+        _register_close_hook()
         return renderer
+
+
+def _offscreen_error(err: Exception) -> RuntimeError:
+    return RuntimeError(
+        f"MuJoCo cannot render offscreen (MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}): {err}. "
+        "Install a GL library (Debian: apt-get install libegl1 libgl1-mesa-dri for MUJOCO_GL=egl, "
+        "or libosmesa6 for MUJOCO_GL=osmesa), and set MUJOCO_GL before mujoco is first imported."
+    )
+
+
+def _register_close_hook() -> None:
+    global _close_hook_registered
+    if not _close_hook_registered:
+        atexit.register(_close_renderers)
+        _close_hook_registered = True
+
+
+def _lerobot_camera(image_keys: list[str], image_size: int | None) -> tuple[list[str], int | None]:
+    """The cameras of ``observation="lerobot"``: none, or LeRobot's one (``observation.image``, at 480 px)."""
+    if not image_keys:
+        return [], image_size
+    if len(image_keys) > 1 or image_keys[0] not in (OBS_IMAGE, IMAGE_PREFIX + LEROBOT_CAMERA):
+        raise ValueError(
+            f"observation='lerobot' has LeRobot's one camera, {LEROBOT_CAMERA} as '{OBS_IMAGE}'; got {image_keys}. "
+            f"Ask for ['{OBS_IMAGE}'] (or no camera), or use observation='privileged' for other cameras"
+        )
+    if image_size not in (None, LEROBOT_IMAGE_SIZE):
+        raise ValueError(
+            f"observation='lerobot' renders LeRobot's {LEROBOT_IMAGE_SIZE} x {LEROBOT_IMAGE_SIZE} image (the policy "
+            f"resizes it); got image_size={image_size}: leave it unset or pass {LEROBOT_IMAGE_SIZE}"
+        )
+    return [OBS_IMAGE], LEROBOT_IMAGE_SIZE
 
 
 # Renderers left open are closed at exit while EGL still works; left to interpreter teardown, their
@@ -291,7 +388,7 @@ class ExpertPolicy:
         self._expert = ENV_POLICY_MAP[self.task]()
 
     def __call__(self, obs: dict[str, Any]) -> np.ndarray:
-        state = np.asarray(obs[OBS_STATE], dtype=np.float64)
+        state = np.asarray(obs.get(EXPERT_STATE, obs[OBS_STATE]), dtype=np.float64)  # the whole observation
         with warnings.catch_warnings():
             # The experts' P-controllers routinely ask for more than the [-1, 1] the env allows and warn
             # each time; the clip below is the intended behaviour.
@@ -311,5 +408,6 @@ register(
         make_expert=ExpertPolicy,
         default_task="push-v3",
         default_cameras=(IMAGE_PREFIX + DEFAULT_CAMERA,),
+        task_sets=TASK_SETS,
     )
 )

@@ -63,7 +63,7 @@ def record(
     *,
     images: bool = False,
     cameras: list[str] | None = None,
-    image_size: int = DEFAULT_IMAGE_SIZE,
+    image_size: int | None = None,
     seed: int = TRAIN_SEED_START,
     max_steps: int | None = None,
     keep_failed: bool = False,
@@ -77,7 +77,8 @@ def record(
     ``env_name`` is one environment (``metaworld/push-v3``) or several (a task set, ``metaworld/mt10``, or a comma
     list, ``metaworld/drawer-open-v3,drawer-close-v3``): one dataset then holds every task's episodes, each with its
     own instruction as its LeRobot task, and every task draws its layouts from the same seeds ``seed, seed + 1, ...``.
-    ``images=True`` records ``cameras`` (dataset keys; default the family's ``default_cameras``); ``env_options`` go to
+    ``images=True`` records ``cameras`` (dataset keys; default the family's ``default_cameras``) at ``image_size`` pixels
+    (default: the simulator's, ``DEFAULT_IMAGE_SIZE`` for Meta-World's own convention); ``env_options`` go to
     the simulator (Meta-World: ``{"observation": "lerobot"}``).
     Returns a summary: ``root``, ``episodes`` (in all), ``attempts``, ``expert_success_rate``, ``frames``,
     ``episode_lengths``, ``seeds``, ``seconds``, ``steps_per_s``, the settings and ``tasks`` (one summary per task).
