@@ -2,14 +2,17 @@
 """Tokenizer benchmark: FAST's encode+decode throughput against a lean per-chunk loop of the published algorithm,
 and tokens per chunk / reconstruction error / fit time of every tokenizer on the same held-out data.
 
-    python scripts/bench_tokenizers.py --out results/bench_tokenizers.json [--n 10000] [--repeats 5]
+    python scripts/bench_tokenizers.py --out results/bench_tokenizers.json [--n 10000] [--rounds 9] [--fsq-shape 30,26]
 
 Data: smooth synthetic chunks [T=10, D=7] (``action_tokenizers.synthetic``), fitted on one set, measured on
 another. ``--root DATASET`` measures on a LeRobot dataset's action chunks instead (quantile-normalised).
 The lean loop is the published algorithm written as tightly as Python allows, one chunk at a time, with the
 published (byte-level) BPE: scipy's DCT, ``np.around``, ``"".join(map(chr, ...))``, one ``bpe.encode``; back: one
-``bpe.decode``, ``ord``, reshape, IDCT. Each throughput is the median of ``--repeats`` runs.
-``--fsq-shape T,D`` also times FSQ's default fit on smooth synthetic chunks of that shape (e.g. 30,26).
+``bpe.decode``, ``ord``, reshape, IDCT. The lean loop and ours run interleaved in ``--rounds`` rounds (the order
+rotating each round), so each speed-up is the median of per-round ratios measured under the same load; the spread
+(IQR, min, max), CPU-time ratios and the load average per round are written too: the machine's cores are shared.
+``--fsq-shape T,D`` also times FSQ's fit on smooth synthetic chunks of that shape (e.g. 30,26): the default
+(held-out plateau stop), fixed-step fits, and a time budget (``max_seconds``), each with its error.
 """
 
 from __future__ import annotations
@@ -19,24 +22,79 @@ import json
 import os
 import platform
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import scipy.fft
 import torch
+from tqdm.auto import tqdm
 
 import action_tokenizers as at
 from action_tokenizers import reference
 from action_tokenizers.synthetic import smooth_chunks
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def spread(ratios: list[float]) -> dict:
+    q = np.percentile(ratios, [0, 25, 50, 75, 100])
+    return {"median": float(q[2]), "iqr": [float(q[1]), float(q[3])], "min": float(q[0]), "max": float(q[4]),
+            "per_round": [round(float(r), 2) for r in ratios]}  # fmt: skip
+
+
+def throughput(char: at.FASTTokenizer, published: at.FASTTokenizer, held: np.ndarray, rounds: int) -> dict:
+    """Lean loop and ours interleaved in rounds in this process: each round times every variant once, in an order
+    that rotates, so a ratio compares runs under the same load; the medians of the per-round ratios are reported,
+    with their spread and the load average (the 2 cores are shared)."""
+    bpe, min_token, scale = published.bpe, published.min_token, published.scale
+    char.decode(char.encode(held[:10])), published.decode(published.encode(held[:10]))  # tables outside timing
+    ids, byte_ids = char.encode(held), published.encode(held)
+    variants = {
+        "lean": lambda: lean_loop(bpe, held, scale, min_token),
+        "fast": lambda: char.decode(char.encode(held)),
+        "byte_level": lambda: published.decode(published.encode(held)),
+        "fast_encode": lambda: char.encode(held),
+        "fast_decode": lambda: char.decode(ids),
+        "byte_level_encode": lambda: published.encode(held),
+        "byte_level_decode": lambda: published.decode(byte_ids),
+    }
+    load_before = os.getloadavg()
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    loads = []
+    names = list(variants)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # byte-level drops on held-out data are counted in the quality table
+        for r in tqdm(range(rounds), desc="throughput rounds"):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                w, c = timed(variants[name])
+                wall[name].append(w)
+                cpu[name].append(c)
+            loads.append(os.getloadavg()[0])
+    n = len(held)
+    ratio = lambda times, k: [a / b for a, b in zip(times["lean"], times[k])]  # noqa: E731
+    ref_s = timed(lambda: reference.decode(bpe, reference.encode(bpe, held, scale, min_token), scale, min_token,
+                                           *held.shape[1:]))[0]  # fmt: skip
+    return {
+        "rounds": rounds,
+        "lean_loop_encode_decode": n / float(np.median(wall["lean"])),
+        "reference_module_encode_decode": n / ref_s,
+        **{f"{k}_encode_decode" if k in ("fast", "byte_level") else k: n / float(np.median(v))
+           for k, v in wall.items() if k != "lean"},
+        "speedup_vs_lean_loop": spread(ratio(wall, "fast")),
+        "speedup_byte_level_vs_lean_loop": spread(ratio(wall, "byte_level")),
+        "cpu_time_speedup_vs_lean_loop": spread(ratio(cpu, "fast")),
+        "cpu_time_speedup_byte_level_vs_lean_loop": spread(ratio(cpu, "byte_level")),
+        "targets": {"speedup_vs_lean_loop": 20.0, "speedup_byte_level_vs_lean_loop": 5.0},
+        "load_average_1min": {"before": load_before[0], "per_round": [round(x, 2) for x in loads],
+                              "cpu_count": os.cpu_count()},
+    }  # fmt: skip
 
 
 def lean_loop(bpe, chunks: np.ndarray, scale: float, min_token: int) -> list[np.ndarray]:
@@ -81,6 +139,7 @@ def fsq_large_fit(shape: tuple[int, int], n: int = 8000) -> dict:
         "default (stops on a held-out plateau, 1 thread)": {},
         "300 fixed steps, 1 thread": {"steps": 300, "patience": 0},
         "100 fixed steps, torch's threads (the old setting)": {"steps": 100, "patience": 0, "threads": 0},
+        "default with a 60 s budget": {"max_seconds": 60.0},
     }
     for label, options in runs.items():
         start = time.perf_counter()
@@ -113,7 +172,7 @@ def main() -> None:
     parser.add_argument("--fsq-steps", type=int, default=3000)
     parser.add_argument("--root", type=Path, default=None, help="a LeRobot dataset instead of synthetic data")
     parser.add_argument("--time-horizon", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=5, help="rounds of throughput timing (medians are kept)")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds of interleaved throughput timing")
     parser.add_argument("--throughput-only", action="store_true", help="print the throughput figures, write nothing")
     parser.add_argument("--fsq-shape", type=lambda v: tuple(map(int, v.split(","))), default=None)
     args = parser.parse_args()
@@ -122,46 +181,15 @@ def main() -> None:
         "data": data_name,
         "n_fit": len(train),
         "n_measure": len(held),
-        "machine": {"cpu_count": torch.get_num_threads(), "python": platform.python_version()},
+        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "python": platform.python_version()},
     }
 
     # --- throughput: vectorised FAST vs the lean per-chunk loop of the published algorithm ----------------
     published = at.FASTTokenizer.fit(train, byte_level=True)
-    bpe, min_token, scale = published.bpe, published.min_token, published.scale
     char = at.FASTTokenizer.fit(train)
-    char.encode(held[:10]), published.decode(published.encode(held[:10]))  # build look-up tables outside timing
-    ids = char.encode(held)
-    n = len(held)
-    rounds = []  # each round times everything back to back, so a ratio compares runs under the same load
-    for _ in range(args.repeats):
-        lean_s = median_time(lambda: lean_loop(bpe, held, scale, min_token), 1)
-        round_ = {
-            "lean": lean_s,
-            "byte_level": median_time(lambda: published.decode(published.encode(held)), 1),
-            "fast": median_time(lambda: char.decode(char.encode(held)), 1),
-            "fast_encode": median_time(lambda: char.encode(held), 1),
-            "fast_decode": median_time(lambda: char.decode(ids), 1),
-        }
-        rounds.append(round_)
-    med = {k: float(np.median([x[k] for x in rounds])) for k in rounds[0]}
-    ref_s = median_time(lambda: reference.decode(bpe, reference.encode(bpe, held, scale, min_token), scale, min_token, *held.shape[1:]), 1)
-    results["throughput_chunks_per_s"] = {
-        "lean_loop_encode_decode": n / med["lean"],
-        "reference_module_encode_decode": n / ref_s,
-        "fast_byte_level_encode_decode": n / med["byte_level"],
-        "fast_encode_decode": n / med["fast"],
-        "fast_encode": n / med["fast_encode"],
-        "fast_decode": n / med["fast_decode"],
-        "speedup_vs_lean_loop": float(np.median([x["lean"] / x["fast"] for x in rounds])),
-        "speedup_byte_level_vs_lean_loop": float(np.median([x["lean"] / x["byte_level"] for x in rounds])),
-        "speedup_per_round": [round(x["lean"] / x["fast"], 2) for x in rounds],
-        "speedup_byte_level_per_round": [round(x["lean"] / x["byte_level"], 2) for x in rounds],
-        "targets": {"speedup_vs_lean_loop": 20.0, "speedup_byte_level_vs_lean_loop": 5.0},
-    }
-    results["machine"]["load_average_1min_after_throughput"] = os.getloadavg()[0]  # the CPUs are shared
-
+    results["throughput_chunks_per_s"] = throughput(char, published, held, args.rounds)
     if args.throughput_only:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         print(json.dumps(results, indent=2))
         return
 
@@ -178,7 +206,10 @@ def main() -> None:
     results["data_std"] = float(held.std())
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    results["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
+    tmp = args.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(args.out)  # atomic
     print(json.dumps(results["throughput_chunks_per_s"], indent=2))
     if "fsq_fit_large" in results:
         print(json.dumps(results["fsq_fit_large"], indent=2))

@@ -112,3 +112,11 @@ def test_tokenizer_fit_saves_tokenizer_normaliser_and_report_and_train_uses_them
     policy = train.build_policy(cfg, info, info.episode_index.tolist())
     assert policy.action_tokenizer.vocab_size == 64
     np.testing.assert_allclose(policy.action_normalizer.offset, at.Normalizer.load(out / "action_normalizer.json").offset)
+
+
+def test_fsq_fit_time_and_steps_beside_its_error(result):
+    res, out = result
+    report = res["tokenizers"]["fsq"]["fit_report"]
+    assert report["steps"] == 30 and report["stopped"] == "steps"  # 30 steps: no held-out check ran out of patience
+    row = next(line for line in (out / "compare.md").read_text().splitlines() if line.startswith("| fsq |"))
+    assert f"{res['tokenizers']['fsq']['fit_seconds']:.1f} (30 steps, steps)" in row

@@ -280,7 +280,10 @@ def compare(
         start = time.perf_counter()
         tok = entry.fit(split.train, **fit_options.get(entry.name, {}))
         fit_s = time.perf_counter() - start
-        results["tokenizers"][entry.label] = {"fit_seconds": fit_s, **measure(tok, split, tolerance, n_random, seed)}
+        fit_report = {"fit_report": tok.fit_report} if getattr(tok, "fit_report", None) else {}  # FSQ: steps, stop
+        results["tokenizers"][entry.label] = {
+            "fit_seconds": fit_s, **fit_report, **measure(tok, split, tolerance, n_random, seed)
+        }  # fmt: skip
     if do_sweep:
         results["sweep"] = sweep(split, entries, fit_options, log)
     write_outputs(results, out_dir)
@@ -289,20 +292,30 @@ def compare(
 
 
 # --- outputs -----------------------------------------------------------------------------------------------
+def fit_cell(r: dict[str, Any]) -> str:
+    """Fit time, with the steps run and why they stopped where the tokenizer reports them (FSQ)."""
+    report = r.get("fit_report") or {}
+    if "steps" in report:
+        return f"{r['fit_seconds']:.1f} ({report['steps']} steps, {report['stopped']})"
+    return f"{r.get('fit_seconds', float('nan')):.1f}"
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     head = (
         f"T={results['time_horizon']}, D={results['action_dim']}, {results['n_heldout_chunks']} held-out chunks "
         f"(error in normalised units; tolerance {results['tolerance']})\n\n"
         "| tokenizer | vocab | tokens/chunk (mean / p99 / max) | compression | RMSE | MAE | max abs | "
-        "share > tol | encode /s | decode /s | vocab used | valid random | valid corrupted | valid constrained |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "share > tol | fit s | encode /s | decode /s | vocab used | valid random | valid corrupted | "
+        "valid constrained |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     )
     rows = []
     for name, r in results["tokenizers"].items():
         rows.append(
             f"| {name} | {r['vocab_size']} | {r['tokens_per_chunk_mean']:.1f} / {r['tokens_per_chunk_p99']:.0f} / "
             f"{r['tokens_per_chunk_max']} | {r['compression']:.2f}x | {r['rmse']:.4f} | {r['mae']:.4f} | "
-            f"{r['max_abs']:.3f} | {r['share_max_error_above_tol']:.3f} | {r['encode_chunks_per_s']:,.0f} | "
+            f"{r['max_abs']:.3f} | {r['share_max_error_above_tol']:.3f} | {fit_cell(r)} | "
+            f"{r['encode_chunks_per_s']:,.0f} | "
             f"{r['decode_chunks_per_s']:,.0f} | {r['vocab_used']:.2f} | {r['valid_rate_random']:.2f} | "
             f"{r['valid_rate_corrupted']:.2f} | {r['valid_rate_constrained']:.2f} |"
         )
@@ -367,7 +380,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--episodes-heldout", type=float, default=0.2, help="share of episodes held out for measuring")
     p.add_argument("--sweep", action="store_true", help="also sweep FAST scale, bin count and FSQ levels")
     p.add_argument("--tolerance", type=float, default=0.1, help="max-error threshold (normalised units)")
-    p.add_argument("--fsq-steps", type=int, default=3000, help="FSQ training steps")
+    p.add_argument("--fsq-steps", type=int, default=3000, help="FSQ's most training steps (it stops on a plateau)")
+    p.add_argument("--fsq-max-seconds", type=float, default=None, help="FSQ's fitting time budget (default: none)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run)
 
@@ -382,7 +396,7 @@ def _run(args: argparse.Namespace) -> int:
         do_sweep=args.sweep,
         tolerance=args.tolerance,
         seed=args.seed,
-        fit_options={"fsq": {"steps": args.fsq_steps}},
+        fit_options={"fsq": {"steps": args.fsq_steps, "max_seconds": args.fsq_max_seconds}},
     )
     print(f"wrote {args.out / 'compare.json'}, compare.md and plots")
     return 0

@@ -41,6 +41,14 @@ def fast_bl_tok(train_chunks):
 
 
 @pytest.fixture(scope="session")
+def fast_bl_wide(train_chunks):
+    """Byte-level with ~330 symbols: code points above 127 take two UTF-8 bytes, and some ids split them."""
+    tok = at.FASTTokenizer.fit(train_chunks, scale=50.0, vocab_size=1024, byte_level=True)
+    assert tok.n_symbols > 128 and not tok._byte_decoder.whole.all()
+    return tok
+
+
+@pytest.fixture(scope="session")
 def bin_tok(train_chunks):
     return at.BinningTokenizer.fit(train_chunks, n_bins=256)
 

@@ -201,12 +201,14 @@ def test_bad_fit_options(train_chunks):
         at.FASTTokenizer.fit(train_chunks[:50], scale=0)
 
 
-@pytest.fixture(scope="module")
-def fast_bl_wide(train_chunks):
-    """Byte-level with ~330 symbols: code points above 127 take two UTF-8 bytes, and some ids split them."""
-    tok = at.FASTTokenizer.fit(train_chunks, scale=50.0, vocab_size=1024, byte_level=True)
-    assert tok.n_symbols > 128 and not tok._byte_decoder.whole.all()
-    return tok
+def test_byte_level_row_stays_valid_before_a_row_that_starts_mid_character(fast_bl_wide, heldout_chunks):
+    """A character never runs on into the next row: a well-formed row is valid whatever follows it."""
+    dec = fast_bl_wide._byte_decoder
+    continuation = int(np.flatnonzero((dec.lengths > 0) & ((dec.flat[dec.offsets] & 0xC0) == 0x80))[0])
+    real = fast_bl_wide.encode(heldout_chunks[:100])
+    split = next(r for r in real if not dec.whole[r].all())  # a row whose bytes need the general UTF-8 path
+    out = fast_bl_wide.decode([split, [continuation], split])
+    assert out.valid.tolist() == [True, False, True]
 
 
 @settings(max_examples=40, deadline=None)

@@ -53,3 +53,16 @@ def test_bad_options():
         at.FSQTokenizer.fit(np.zeros((4, T, D)), levels=[1, 5])
     with pytest.raises(ValueError, match="downsample"):
         at.FSQTokenizer.fit(np.zeros((4, T, D)), downsample=20)
+    with pytest.raises(ValueError, match="max_seconds"):
+        at.FSQTokenizer.fit(np.zeros((4, T, D)), max_seconds=0)
+
+
+def test_time_budget_stops_the_fit_and_keeps_the_best_weights(train_chunks):
+    """A tiny budget stops long before ``steps``; the report says so and what the kept weights reached."""
+    kw = dict(hidden=16, depth=0, steps=100_000, show_progress=False)
+    tok = at.FSQTokenizer.fit(train_chunks[:1000], max_seconds=0.5, **kw)
+    report = tok.fit_report
+    assert report["stopped"] == "time" and report["steps"] < 100_000 and report["seconds"] < 30
+    assert np.isfinite(report["heldout_mse"])
+    out = tok.decode(tok.encode(train_chunks[:50]))
+    assert out.valid.all()

@@ -1,10 +1,12 @@
-"""FAST's coefficient layer: the DCT over time, quantisation, the coefficient order, and ints <-> strings.
+"""FAST's coefficient layer: the DCT over time, quantisation, the coefficient order, ints <-> strings, and flat ids
+-> rows.
 
     chunk [B, T, D] --dct--> coef --quantize(scale, deadzone)--> q ints [B, T, D] --flatten(order)--> [B, T * D]
 """
 
 from __future__ import annotations
 
+import gc
 import math
 
 import numpy as np
@@ -12,20 +14,24 @@ import scipy.fft
 
 
 def dct(chunks: np.ndarray) -> np.ndarray:
-    """Orthonormal DCT-II over the time axis of ``[B, T, D]``."""
-    return scipy.fft.dct(chunks, axis=1, norm="ortho")
+    """Orthonormal DCT-II over the time axis of ``[B, T, D]``.
+
+    Computed over the last axis of the ``[B, D, T]`` view (the same numbers, half the time: each transform reads
+    contiguous memory) and returned as a ``[B, T, D]`` view of that, so a dimension-major flatten is free.
+    """
+    return scipy.fft.dct(chunks.transpose(0, 2, 1), axis=-1, norm="ortho").transpose(0, 2, 1)
 
 
 def idct(coef: np.ndarray) -> np.ndarray:
-    return scipy.fft.idct(coef, axis=1, norm="ortho")
+    return scipy.fft.idct(coef.transpose(0, 2, 1), axis=-1, norm="ortho").transpose(0, 2, 1)
 
 
 def quantize(coef: np.ndarray, scale: float, deadzone: float = 0.0) -> np.ndarray:
     """``round(coef * scale)`` (half to even, like the reference), with values below ``0.5 + deadzone`` set to 0."""
     x = coef * scale
-    q = np.around(x)
+    q = np.rint(x)  # = np.around(x): half to even
     if deadzone:
-        q[np.abs(x) < 0.5 + deadzone] = 0.0
+        q[np.abs(x, out=x) < 0.5 + deadzone] = 0.0
     return q.astype(np.int64)
 
 
@@ -71,3 +77,19 @@ def ints_to_strings(symbols: np.ndarray) -> list[str]:
 
 def string_to_ints(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.int64)
+
+
+def split_rows(ids: np.ndarray, counts: np.ndarray) -> list[list[int]]:
+    """Flat ids and ids per row ``[B]`` -> B lists of ints (the inverse of ``base.as_id_batch``).
+
+    The garbage collector is paused meanwhile: the B new lists would trigger several full passes, and lists of
+    ints cannot form cycles. On 10k rows this halves the time.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        flat, ends = ids.tolist(), np.cumsum(counts).tolist()
+        return [flat[a:z] for a, z in zip([0, *ends[:-1]], ends)]
+    finally:
+        if enabled:
+            gc.enable()

@@ -16,6 +16,8 @@ Two BPE flavours:
 * ``byte_level=True``: the reference's byte-level BPE (Hugging Face ``ByteLevelBPETokenizer`` with the
   reference trainer settings), frequency-major and plain rounding: fitted on the same chunks it gives the
   reference processor's ids exactly, also for values outside the fitted range (clipped below only, as there).
+  A batch is encoded by ``byte_level.py`` (the pre-tokenizer's split in numpy, each distinct word merged once by
+  the BPE model): the same ids as the BPE's own batch encode, in a fraction of the time.
   Its ids can end inside a UTF-8 sequence, and a value whose bytes were never seen at fit time is dropped by the
   BPE model: such drops are counted in ``encode_stats.dropped`` and warned about, never silent.
 
@@ -49,7 +51,19 @@ from .base import (
     check_saved,
     finish_decode,
 )
-from .coefficients import dct, flatten, idct, ints_to_strings, quantize, scale_for_rmse, string_to_ints, unflatten
+from . import byte_level
+from .byte_level import ByteLevelEncoder
+from .coefficients import (
+    dct,
+    flatten,
+    idct,
+    ints_to_strings,
+    quantize,
+    scale_for_rmse,
+    split_rows,
+    string_to_ints,
+    unflatten,
+)
 from .constraint import Constraint, LengthConstraint
 from .longest_match import Trie
 from .reference import bpe_trainer, load_bpe, read_reference
@@ -204,19 +218,26 @@ class FASTTokenizer(ActionTokenizer):
         symbols = flatten(self.coefficients(chunks) - self.min_token, self.order)  # [B, T * D]
         # Character-level clips to the fitted alphabet. Byte-level clips below only, like the reference: a value
         # above the fitted range goes through as its code point (and may be dropped by the BPE: counted below).
-        clipped = (symbols < 0) if self.byte_level else (symbols < 0) | (symbols >= self.n_symbols)
         self.encode_stats.chunks += len(symbols)
         self.encode_stats.values += symbols.size
-        self.encode_stats.clipped += int(clipped.sum())
+        low, high = (int(symbols.min()), int(symbols.max())) if symbols.size else (0, 0)
+        inside = low >= 0 and (self.byte_level or high < self.n_symbols)  # the common case: nothing to clip
+        if not inside:
+            clipped = (symbols < 0) if self.byte_level else (symbols < 0) | (symbols >= self.n_symbols)
+            self.encode_stats.clipped += int(clipped.sum())
         if self.byte_level:
-            symbols = np.maximum(symbols, 0)
-            encodings = self.bpe.encode_batch_fast(ints_to_strings(symbols), add_special_tokens=False)
+            symbols = symbols if inside else np.maximum(symbols, 0)
             self._count_drops(symbols)
-            return [e.ids for e in encodings]
+            if self._byte_encoder is not None:  # the same ids as the BPE's own batch encode, several times faster
+                return self._byte_encoder.encode(symbols)
+            return [e.ids for e in self.bpe.encode_batch_fast(ints_to_strings(symbols), add_special_tokens=False)]
         # Character-level: the longest vocabulary entry at each position (fewer ids than replaying the merges).
-        ids, counts = self._trie.segment(np.clip(symbols, 0, self.n_symbols - 1))
-        flat, ends = ids.tolist(), np.cumsum(counts).tolist()
-        return [flat[a:z] for a, z in zip([0, *ends[:-1]], ends)]
+        ids, counts = self._trie.segment(symbols if inside else np.clip(symbols, 0, self.n_symbols - 1))
+        return split_rows(ids, counts)
+
+    @cached_property
+    def _byte_encoder(self) -> ByteLevelEncoder | None:
+        return ByteLevelEncoder(self.bpe) if byte_level.supported(self.bpe) else None
 
     @cached_property
     def _trie(self) -> Trie:
@@ -225,8 +246,9 @@ class FASTTokenizer(ActionTokenizer):
     def _count_drops(self, symbols: np.ndarray) -> None:
         # The BPE model silently skips a byte whose stand-in character is not in its vocabulary.
         inside = symbols < self.n_symbols
-        dropped = int(self._droppable[symbols[inside]].sum())
-        dropped += sum(self._drops(int(s)) for s in np.unique(symbols[~inside]))
+        dropped = int(self._droppable[symbols[inside]].sum()) if self._droppable.any() else 0
+        if not inside.all():
+            dropped += sum(self._drops(int(s)) for s in np.unique(symbols[~inside]))
         if dropped:
             self.encode_stats.dropped += dropped
             warnings.warn(

@@ -15,6 +15,7 @@ in-range ids decodes (the decoder is total), so the only failure mode is a wrong
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -123,6 +124,11 @@ class FSQTokenizer(ActionTokenizer):
             metadata={"help": "stop after this many checks (every 100 steps) without 2% better held-out error; 0: "
                               "never"},
         )
+        max_seconds: float | None = field(
+            default=None,
+            metadata={"help": "stop fitting after this many seconds (the best weights so far are kept); None: no "
+                              "limit. On [30, 26] chunks a step takes ~0.13 s on one busy core"},
+        )
         threads: int = field(
             default=1,
             metadata={"help": "torch CPU threads while fitting (the model is small: on busy cores 1 beats 2 by 4x);"
@@ -152,6 +158,7 @@ class FSQTokenizer(ActionTokenizer):
         batch_size: int = 256,
         lr: float = 2e-3,
         patience: int = 4,
+        max_seconds: float | None = None,
         threads: int = 1,
         seed: int = 0,
         show_progress: bool = True,
@@ -159,8 +166,9 @@ class FSQTokenizer(ActionTokenizer):
         """Train the autoencoder on normalised chunks ``[N, T, D]`` (seeded; AdamW, warm-up + cosine, MSE).
 
         Every ``EVAL_EVERY`` steps the error on a held-out tenth of the chunks is measured; training stops once it
-        has not improved by ``MIN_GAIN`` (relative) for ``patience`` checks, and the best weights are kept.
-        ``fit_report`` says how many steps ran, why it stopped and the errors reached.
+        has not improved by ``MIN_GAIN`` (relative) for ``patience`` checks, or once ``max_seconds`` have passed,
+        and the best weights are kept. ``fit_report`` says how many steps ran, why it stopped ("steps", "plateau"
+        or "time"), the seconds it took and the errors reached.
         """
         arr = as_chunk_batch(chunks)
         levels = [int(v) for v in levels]
@@ -175,6 +183,8 @@ class FSQTokenizer(ActionTokenizer):
             raise ValueError(f"threads must be an integer >= 0 (0: keep torch's setting), got {threads!r}")
         if not isinstance(patience, (int, np.integer)) or patience < 0:
             raise ValueError(f"patience must be an integer >= 0 (0: never stop early), got {patience!r}")
+        if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
+            raise ValueError(f"max_seconds must be a positive number of seconds or None (no limit), got {max_seconds!r}")
         if downsample > arr.shape[1]:
             raise ValueError(f"downsample {downsample} is larger than time_horizon {arr.shape[1]}; use <= {arr.shape[1]}")
         options = {
@@ -188,7 +198,7 @@ class FSQTokenizer(ActionTokenizer):
                 torch.manual_seed(seed)
                 model = _build(options)
                 data = torch.as_tensor(arr, dtype=torch.float32)
-                report = _train(model, data, steps, batch_size, lr, patience, seed, show_progress)
+                report = _train(model, data, steps, batch_size, lr, patience, max_seconds, seed, show_progress)
         finally:
             torch.set_num_threads(before)
         tok = cls(model, options)
@@ -285,10 +295,12 @@ MIN_GAIN = 0.02  # a check counts as progress when the held-out MSE falls by at 
 
 
 def _train(
-    model: ChunkAutoencoder, data: torch.Tensor, steps: int, batch_size: int, lr: float, patience: int, seed: int,
-    show_progress: bool,
+    model: ChunkAutoencoder, data: torch.Tensor, steps: int, batch_size: int, lr: float, patience: int,
+    max_seconds: float | None, seed: int, show_progress: bool,
 ) -> dict[str, Any]:
-    """AdamW on MSE with torch's linear warm-up then cosine decay; early stop on a held-out tenth (seeded)."""
+    """AdamW on MSE with torch's linear warm-up then cosine decay; early stop on a held-out tenth (seeded) or on
+    the time budget (checked every step; the held-out error is then measured once more)."""
+    began = time.perf_counter()
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(data), generator=generator)
     n_val = min(len(data) // 10, 2048) if patience and len(data) >= 20 else 0
@@ -329,10 +341,21 @@ def _train(
             if since_best >= patience:
                 stopped = "plateau"
                 break
+        if max_seconds is not None and time.perf_counter() - began > max_seconds:
+            stopped = "time"
+            if n_val:
+                model.eval()
+                with torch.inference_mode():
+                    val_mse = float(nn.functional.mse_loss(model(val), val))
+                model.train()
+                if val_mse < best:
+                    best, best_state = val_mse, None  # the current weights are the best: keep them
+            break
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    return {"steps": step + 1, "stopped": stopped, "final_train_mse": float(loss.item()), "heldout_mse": best}
+    return {"steps": step + 1, "stopped": stopped, "seconds": time.perf_counter() - began,
+            "final_train_mse": float(loss.item()), "heldout_mse": best}  # fmt: skip
 
 
 def _build(options: dict[str, Any]) -> ChunkAutoencoder:

@@ -211,8 +211,10 @@ class ByteDecoder:
         cont = (data & 0xC0) == 0x80
         first = np.concatenate([[0], np.cumsum(row_bytes)[:-1]])[row_bytes > 0]
         bad_row[row_of_byte[first[cont[first]]]] = True  # a row that starts inside a character
-        starts = np.flatnonzero(~cont)  # [C] first byte of each character
-        group = np.maximum(np.cumsum(~cont) - 1, 0)  # [Y] which character each byte belongs to
+        begins = ~cont
+        begins[first] = True  # a character never runs on into the next row (its leading continuation bytes)
+        starts = np.flatnonzero(begins)  # [C] first byte of each character
+        group = np.cumsum(begins) - 1  # [Y] which character each byte belongs to
         size = np.bincount(group, minlength=len(starts))[: len(starts)]
         need = self._NEED[data[starts]]  # [C] the length its lead byte announces (0: not a lead byte)
         pos = np.arange(total) - starts[group] if len(starts) else np.zeros(total, dtype=np.int64)
