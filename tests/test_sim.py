@@ -304,3 +304,9 @@ def test_mixed_task_episodes_run_each_on_its_own_env():
         run_episodes(envs[:1], policy, episodes)
     for env in envs:
         env.close()
+
+
+def test_recording_images_from_a_simulator_without_cameras_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no camera"):
+        record("toy/obstacle", 1, tmp_path / "toy", images=True, progress=False)
+    assert not (tmp_path / "toy").exists()

@@ -99,6 +99,21 @@ def split_name(name: str) -> tuple[Family, str]:
     return fam, task
 
 
+def checked_action(action: Any, action_dim: int, running: bool, what: str) -> Any:
+    """An env's ``step`` argument as float64 [action_dim], or a clear error: no episode running (``running`` False),
+    a wrong shape, a non-finite value. ``what`` names the actions in the message ("Meta-World actions")."""
+    import numpy as np
+
+    if not running:
+        raise RuntimeError("no episode is running (it ended, or never began): call reset(seed) first")
+    action = np.asarray(action, dtype=np.float64).reshape(-1)
+    if action.shape != (action_dim,):
+        raise ValueError(f"{what} are float [{action_dim}], got shape {action.shape}")
+    if not np.all(np.isfinite(action)):
+        raise ValueError(f"action has non-finite values: {action}")
+    return action
+
+
 def env_names(spec: str) -> list[str]:
     """The environments a spec names: ``"metaworld/push-v3"`` -> itself; a task set, ``"metaworld/mt10"`` -> its ten
     tasks; a comma list, ``"metaworld/drawer-open-v3,drawer-close-v3"`` -> those two. Every name is checked."""
@@ -143,6 +158,7 @@ def make_expert(name: str) -> Expert:
 __all__ = [
     "EVAL_SEED_START",
     "FAMILIES",
+    "checked_action",
     "TRAIN_SEED_START",
     "Env",
     "Expert",

@@ -65,7 +65,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "--root",
         type=Path,
         default=None,
-        help="output folder, which must not exist (default: outputs/datasets/metaworld_<task>[_images])",
+        help="output folder, which must not exist (default: outputs/datasets/<env>_<task>[_images])",
     )
     rec.add_argument("--images", action="store_true", help="also record a camera image per step")
     rec.add_argument(

@@ -41,7 +41,7 @@ from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
 from vla.data import IMAGE_PREFIX
 from vla.names import check_name
-from vla.sim import Family, register
+from vla.sim import Family, checked_action, register
 
 ACTION_DIM = 4
 ACTION_NAMES = ["dx", "dy", "dz", "gripper"]
@@ -230,13 +230,7 @@ class MetaWorldEnv:
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Apply one action (float [4], clipped to [-1, 1]); return ``(obs, reward, done, info)``."""
-        if self._done:
-            raise RuntimeError("no episode is running (it ended, or never began): call reset(seed) first")
-        action = np.asarray(action, dtype=np.float64).reshape(-1)
-        if action.shape != (ACTION_DIM,):
-            raise ValueError(f"Meta-World actions are float [{ACTION_DIM}], got shape {action.shape}")
-        if not np.all(np.isfinite(action)):
-            raise ValueError(f"action has non-finite values: {action}")
+        action = checked_action(action, ACTION_DIM, not self._done, "Meta-World actions")
         raw, reward, _, truncated, info = self._env.step(np.clip(action, -1.0, 1.0))
         self._steps += 1
         success = bool(info.get("success", 0.0))

@@ -104,6 +104,8 @@ def record(
     if root.exists() and not root.is_dir():
         raise ValueError(f"{root} exists and is not a folder")
     image_keys = list(cameras or fam.default_cameras) if images else []
+    if images and not image_keys:
+        raise ValueError(f"the {fam.name} simulator has no camera to record; drop --images (its episodes are state only)")
 
     def env_for(name: str) -> Env:
         return make_env(name, image_keys=image_keys, image_size=image_size, max_steps=max_steps, **(env_options or {}))
