@@ -7,6 +7,9 @@ on vs off, for every tokenizer; and a saved policy's ``predict_action_chunk``.
 Decoders (``decoder`` in each row): ``lean`` is ``generate``'s default with the cache (``vla.decode.LeanSteps``: the
 backbone's layers as plain tensor ops on a static KV cache), ``transformers`` the same cache through transformers'
 forward (``lean=False``), ``recompute`` no cache at all (``use_cache=False``). All three generate identical ids here.
+``parallel`` (fixed-length tokenizers only; not in the default set) is one-pass decoding: the same backbone with one
+learned query slot per id (``SequenceLayout(decoding="parallel")``), every slot predicted in one lean forward pass;
+its ids differ (its own slots), its latency is what ``policy.decoding=parallel`` costs (``results/parallel/``).
 
 One observation per chunk (batch 1, as on a robot): one 64/96 px camera, a 39-D state (Meta-World's), a short
 task. Weights are random (seed 0) and decoding is greedy (the policy's default), so the KV-cache and recomputation
@@ -39,7 +42,7 @@ import torch
 
 import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
-from vla.decode import VocabConstraint, generate
+from vla.decode import VocabConstraint, fixed_chunk_length, generate
 from vla.model import build_model
 from vla.sequence import SequenceLayout, VocabMap
 
@@ -52,11 +55,13 @@ def fit_tokenizers(time_horizon: int, action_dim: int) -> dict[str, at.ActionTok
         "fast": at.FASTTokenizer.fit(chunks, vocab_size=512),
         "bin": at.BinningTokenizer.fit(chunks, n_bins=256),
         "fsq": at.FSQTokenizer.fit(chunks, hidden=32, depth=1, steps=300, show_progress=False),
+        "beast": at.BEASTTokenizer.fit(chunks, n_control_points=6),
     }
 
 
 DECODERS = {"lean": dict(use_cache=True, lean=True), "transformers": dict(use_cache=True, lean=False),
-            "recompute": dict(use_cache=False)}  # fmt: skip
+            "recompute": dict(use_cache=False), "parallel": dict(use_cache=True, lean=True)}  # fmt: skip
+DEFAULT_DECODERS = ["lean", "transformers", "recompute"]
 
 
 def predict(model, layout, tok, constraint, images, state, *, decoder: str = "lean", max_new_tokens: int, t: int,
@@ -97,6 +102,13 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
         model = build_model(preset, vocab, num_cameras=1, seed=0).eval()
         layout = SequenceLayout(vocab, image_tokens=model.image_tokens, num_cameras=1, max_prefix_len=256)
         constraint = VocabConstraint(tok.constraint(args.time_horizon, args.action_dim), vocab)
+        slots = fixed_chunk_length(constraint.constraint)
+        decoders = [d for d in args.decoders if d != "parallel" or slots is not None]
+        parallel = (None, None)  # (model, layout) of one-pass decoding: the same backbone weights plus the query slots
+        if "parallel" in decoders:
+            parallel = (build_model(preset, vocab, num_cameras=1, seed=0, query_slots=slots).eval(),
+                        SequenceLayout(vocab, image_tokens=model.image_tokens, num_cameras=1, max_prefix_len=256,
+                                       decoding="parallel", num_slots=slots))  # fmt: skip
         state = rng.uniform(-1, 1, (1, args.state_dim))
         images = torch.rand(1, 1, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(0))
         shape = dict(t=args.time_horizon, d=args.action_dim)
@@ -106,25 +118,29 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
         steps = gen.steps
         constraint_ms = constraint_ms_per_step(constraint, gen.tokens)
         prefix_len = int(layout.build_prefix([TASK], state).valid.sum())
-        validity = {}
-        for constrained in (True, False):
-            n = args.valid_chunks[preset]
-            sampled, out = predict(
-                model, layout, tok, constraint if constrained else None, images.expand(n, -1, -1, -1, -1),
-                rng.uniform(-1, 1, (n, args.state_dim)), max_new_tokens=constraint.max_length + 1,
-                temperature=1.0, generator=torch.Generator().manual_seed(0), **shape,
-            )  # fmt: skip
-            validity[constrained] = (float(out.valid.mean()), float(np.mean(sampled.tokens_per_chunk)), n)
-        reps = {d: args.reps[preset] if d != "recompute" else max(2, args.reps[preset] // 2) for d in args.decoders}
-        runs = {(d, c): ([], [], []) for d in args.decoders for c in (True, False)}  # -> (times, tokens, valid)
+        validity = {}  # (one-pass?, constrained) -> (valid rate, ids per chunk, chunks)
+        for one_pass, (m, lay) in ((False, (model, layout)), (True, parallel)):
+            if m is None:
+                continue
+            for constrained in (True, False):
+                n = args.valid_chunks[preset]
+                sampled, out = predict(
+                    m, lay, tok, constraint if constrained else None, images.expand(n, -1, -1, -1, -1),
+                    rng.uniform(-1, 1, (n, args.state_dim)), max_new_tokens=constraint.max_length + 1,
+                    temperature=1.0, generator=torch.Generator().manual_seed(0), **shape,
+                )  # fmt: skip
+                validity[one_pass, constrained] = (float(out.valid.mean()), float(np.mean(sampled.tokens_per_chunk)), n)
+        reps = {d: args.reps[preset] if d != "recompute" else max(2, args.reps[preset] // 2) for d in decoders}
+        runs = {(d, c): ([], [], []) for d in decoders for c in (True, False)}  # -> (times, tokens, valid)
         for rep in range(max(reps.values()) + 1):  # the first run warms caches (allocator, masks) and is dropped
-            for decoder in args.decoders:  # interleaved, so load on a shared machine hits every row alike
+            for decoder in decoders:  # interleaved, so load on a shared machine hits every row alike
                 if rep > reps[decoder]:
                     continue
+                m, lay = parallel if decoder == "parallel" else (model, layout)
                 for constrained in (True, False):
                     start = time.perf_counter()
                     budget = constraint.max_length + 1 if constrained else steps
-                    g, out = predict(model, layout, tok, constraint if constrained else None, images, state,
+                    g, out = predict(m, lay, tok, constraint if constrained else None, images, state,
                                      decoder=decoder, max_new_tokens=budget, **shape)  # fmt: skip
                     elapsed = (time.perf_counter() - start) * 1000
                     if rep:
@@ -132,10 +148,11 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
                         times.append(elapsed)
                         tokens.append(generated_ids(g, layout.vocab))
                         valid.append(bool(out.valid[0]))
-        for decoder in args.decoders:
+        for decoder in decoders:
             for constrained in (True, False):
                 times, tokens, valid = runs[decoder, constrained]
-                rate, sampled_tokens, n = validity[constrained]
+                n_steps = 1 if decoder == "parallel" else steps
+                rate, sampled_tokens, n = validity[decoder == "parallel", constrained]
                 row = {
                     "preset": preset,
                     "tokenizer": name,
@@ -147,8 +164,8 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
                     "latency_ms_min": round(float(np.min(times)), 2),
                     "tokens_per_chunk": float(np.mean(tokens)),
                     "valid_rate": rate,
-                    "decode_steps": steps,
-                    "ms_per_step_p50": round(float(np.percentile(times, 50)) / steps, 3),
+                    "decode_steps": n_steps,
+                    "ms_per_step_p50": round(float(np.percentile(times, 50)) / n_steps, 3),
                     "prefix_tokens": prefix_len,
                     "reps": reps[decoder],
                     "greedy_chunk_valid": float(np.mean(valid)),
@@ -250,6 +267,8 @@ def summarise(rows: list[dict]) -> list[dict]:
             entry["kv_speedup"] = round(get["recompute", True]["latency_ms_p50"] / lean["latency_ms_p50"], 2)
         if lean and ("transformers", True) in get:
             entry["lean_speedup"] = round(get["transformers", True]["latency_ms_p50"] / lean["latency_ms_p50"], 2)
+        if lean and ("parallel", True) in get:
+            entry["parallel_speedup"] = round(lean["latency_ms_p50"] / get["parallel", True]["latency_ms_p50"], 2)
         if lean and ("lean", False) in get:
             entry["constraint_overhead"] = round(lean["latency_ms_p50"] / get["lean", False]["latency_ms_p50"] - 1, 3)
             # the same, measured directly: the constraint's work per step over a cached decoding step
@@ -271,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dim", type=int, default=39)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--reps", type=int, default=None, help="timed runs per KV-cache row (recompute: half)")
-    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=list(DECODERS))
+    parser.add_argument("--decoders", nargs="+", default=DEFAULT_DECODERS, choices=list(DECODERS))
     parser.add_argument("--policy", type=Path, default=None, help="also time this saved policy's predict_action_chunk")
     parser.add_argument("--policy-reps", type=int, default=40)
     args = parser.parse_args(argv)

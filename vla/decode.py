@@ -17,6 +17,11 @@ path must match id for id (``tests/test_decode.py``), and the baseline of ``scri
 
 With the cache, ``lean=True`` (the default) runs the prefill and every step through ``vla.lean.LeanSteps``
 (the backbone's Gemma layers as plain tensor ops on a static KV cache); ``lean=False`` forces transformers' forward.
+
+One-pass decoding (a prompt with query slots, ``SequenceLayout(decoding="parallel")``): one forward pass gives the
+logits of every slot at once; the ids are then picked slot by slot under the constraint (each slot's mask is the
+automaton's after the ids picked before it: no model call, so the chunk is as valid as a step-by-step one).
+``fixed_chunk_length`` says whether a tokenizer's constraint allows that: every chunk exactly ``n`` ids.
 """
 
 from __future__ import annotations
@@ -28,9 +33,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from action_tokenizers import ActionTokenizer, Constraint, DecodeResult
+from action_tokenizers.constraint import LengthConstraint
 
 from .lean import LeanSteps
 from .sequence import Sequence, VocabMap, prefix_lm_mask
+
+
+def fixed_chunk_length(constraint: Constraint) -> int | None:
+    """The number of ids every accepted chunk has, or None when chunks vary in length (FAST).
+
+    The tokenizer library has no such property; a ``LengthConstraint`` whose ids all stand for one value (binning,
+    FSQ, BEAST: ``action_tokenizers.constraint.fixed_length``) accepts exactly ``total`` ids, any of them anywhere.
+    """
+    if isinstance(constraint, LengthConstraint) and bool((constraint.lengths == 1).all()):
+        return constraint.total
+    return None
 
 
 class VocabConstraint:
@@ -160,8 +177,13 @@ def generate(
     ``max_new_tokens``: defaults to the constraint's ``max_length + 1`` (room for ``"|"``); required without one.
     Each row stops at ``"|"``/EOS; decoding ends when every row has stopped or after ``max_new_tokens`` steps.
     ``lean``: with the cache, run the steps after the prefill through ``LeanSteps`` where the backbone allows it.
+    A prompt with query slots (parallel decoding) is decoded in one forward pass (``steps`` = 1).
     """
     vc = VocabConstraint(constraint, vocab) if isinstance(constraint, Constraint) else constraint
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+    if bool(prompt.query_slots.any()):  # parallel decoding: one forward pass, whatever max_new_tokens says
+        return _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean)
     if max_new_tokens is None:
         if vc is None:
             raise ValueError("max_new_tokens is required without a constraint (e.g. the constraint's max_length + 1)")
@@ -171,8 +193,6 @@ def generate(
             f"max_new_tokens {max_new_tokens} can cut constrained chunks (they need up to {vc.max_length} ids + '|'); "
             f"use at least {vc.max_length + 1}"
         )
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
     lean = use_cache and lean and LeanSteps.supports(model)
     # When even the prefill is small, the whole call runs on one thread: the set-up's own small ops (RoPE tables,
     # masks, buffers) would otherwise each fork and join too. Each phase below decides again for itself.
@@ -256,6 +276,58 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
                             token_type_ids=ar, images=images, state=prompt.state, state_slots=slots)  # fmt: skip
             logits = model.logits(out.last_hidden_state[:, -1])
     return _collect(tokens[:, :steps].cpu(), finished.cpu().numpy(), vocab, steps, nonfinite.cpu().numpy())
+
+
+def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean) -> Generation:
+    """One forward pass over prompt + query slots, then the slots' ids picked in order under the constraint."""
+    device = model.device
+    prompt = prompt.to(device)
+    slots = prompt.query_slots
+    n = int(slots[0].sum())
+    if not bool((slots.sum(dim=1) == n).all()) or not bool(slots[:, -n:].all()):
+        raise ValueError("every row of a parallel prompt needs the same number of query slots in its last columns; "
+                         "build it with SequenceLayout(decoding='parallel').build_prefix")  # fmt: skip
+    if vc is not None and fixed_chunk_length(vc.constraint) not in (None, n):
+        raise ValueError(f"the prompt has {n} query slots but the constraint's chunks have "
+                         f"{fixed_chunk_length(vc.constraint)} ids; build both from the same tokenizer")  # fmt: skip
+    b = len(prompt)
+    if lean and LeanSteps.supports(model):
+        with _intra_op_threads(LeanSteps.threads_for(model, rows=prompt.input_ids.numel())):
+            hidden = LeanSteps(model, prompt, 0).prefill(prompt, images, last=n)  # [B, n, H]
+    else:
+        out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
+                    images=images, state=prompt.state, state_slots=prompt.state_slots, query_slots=slots)  # fmt: skip
+        hidden = out.last_hidden_state[:, -n:]
+    logits = model.logits(hidden)  # [B, n, V]
+    nonfinite = ~torch.isfinite(logits).flatten(1).all(dim=1)
+    states = [vc.start() for _ in range(b)] if vc is not None else None
+    tokens = torch.empty(b, n, dtype=torch.long, device=device)
+    for i in range(n):  # no model call here: each slot's mask follows the ids picked before it
+        step = logits[:, i]
+        if vc is not None:
+            step = step.masked_fill(~vc.masks(states).to(device), float("-inf"))
+        else:
+            step = step.clone()
+            step[:, vocab.text.image_id] = float("-inf")
+        tokens[:, i] = sample(step, temperature, top_p, generator)
+        if vc is not None:
+            vc.advance_batch(states, tokens[:, i], range(b))
+    tokens = tokens.cpu()
+    ids, valid, errors = [], np.zeros(b, dtype=bool), []
+    nonfinite = nonfinite.cpu().numpy()
+    for r, row in enumerate(vocab.vocab_to_action(tokens).tolist()):
+        error = None
+        if nonfinite[r]:
+            error = "the model's logits were NaN or inf (its weights diverged?); these ids mean nothing"
+        elif any(a < 0 for a in row):
+            k = next(k for k, a in enumerate(row) if a < 0)
+            error = f"slot {k} holds the non-action id {int(tokens[r, k])}"
+        elif vc is not None and not vc.done(states[r]):
+            error = f"the constraint is not done after the {n} slots"
+        ids.append([a for a in row if a >= 0])
+        valid[r] = error is None
+        errors.append(error)
+    return Generation(ids=ids, tokens=tokens, finished=np.ones(b, dtype=bool), valid=valid, errors=errors, steps=1)
 
 
 def _collect(

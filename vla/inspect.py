@@ -69,13 +69,27 @@ def token_kinds(policy: VLAPolicy, seq) -> np.ndarray:
 @torch.no_grad()
 def trace_decoding(policy: VLAPolicy, batch: dict[str, Any], top: int = 5) -> list[dict[str, Any]]:
     """Greedy decoding of one observation, step by step by full recomputation (slow, exact): per step the top
-    probabilities after the constraint's mask, the chosen id and the size of the allowed set."""
+    probabilities after the constraint's mask, the chosen id and the size of the allowed set. A ``parallel`` policy's
+    steps are its query slots, read from one forward pass in the order the constraint picks them."""
     from vla.sequence import prefix_lm_mask
 
     prompt = run(policy.pipeline.prompt, batch)
     seq, images = prompt[SEQUENCE], prompt.get("images")
     model, vc = policy.model, policy.constraint
     state, ids, steps = vc.start(), seq.input_ids, []
+    if policy.config.decoding == "parallel":  # one forward pass; the slots' ids picked in order under the constraint
+        n = int(seq.query_slots[0].sum())
+        out = model(ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.ar, images=images, state=seq.state,
+                    state_slots=seq.state_slots, query_slots=seq.query_slots)  # fmt: skip
+        for logits in model.logits(out.last_hidden_state[0, -n:]):
+            allowed = vc.masks([state])[0]
+            probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+            best = probs.topk(min(top, int(allowed.sum()))).indices.tolist()
+            action_id = int(policy.vocab.vocab_to_action(np.int64(best[0])))
+            steps.append({"allowed": int(allowed.sum()), "top": [(i, float(probs[i])) for i in best],
+                          "chosen": best[0], "action_id": action_id})  # fmt: skip
+            state = vc.constraint.advance(state, action_id)
+        return steps
     valid, ar, pos, slots = seq.valid, seq.ar, seq.position_ids, seq.state_slots
     for _ in range(policy.max_new_tokens):
         out = model(ids, prefix_lm_mask(valid, ar), pos, token_type_ids=ar, images=images, state=seq.state,
@@ -119,7 +133,8 @@ def inspect_policy(policy: VLAPolicy | str | Path, out_dir: str | Path, dataset:
     steps = list(policy.pipeline.step_through(batch, "training"))
     trained = steps[-1][1]
     seq = trained[SEQUENCE]
-    if len(trained[ACTION_IDS][1]) > 1:  # make the second row shorter so the picture has padding
+    # make the second row shorter so the picture has padding (a parallel layout's slots are fixed: left as they are)
+    if len(trained[ACTION_IDS][1]) > 1 and policy.config.decoding != "parallel":
         trained[ACTION_IDS][1] = trained[ACTION_IDS][1][: max(1, len(trained[ACTION_IDS][1]) // 2)]
         seq = policy.layout.build_training_sequence(trained["task"], trained[OBS_STATE], trained[ACTION_IDS])
     kinds = token_kinds(policy, seq)

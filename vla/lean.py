@@ -110,15 +110,16 @@ class LeanSteps:
         text = model.backbone.config.text_config
         return 1 if rows * text.hidden_size * text.intermediate_size <= LeanSteps.SINGLE_THREAD_MACS else None
 
-    def prefill(self, prompt: Sequence, images: torch.Tensor | None) -> torch.Tensor:
-        """The prompt through the layers (images and state slots embedded as ``PrefixLM.forward`` does), filling
-        cache columns ``0 .. Lp - 1``: the last position's hidden state ``[B, H]``."""
+    def prefill(self, prompt: Sequence, images: torch.Tensor | None, last: int = 0) -> torch.Tensor:
+        """The prompt through the layers (images, state and query slots embedded as ``PrefixLM.forward`` does),
+        filling cache columns ``0 .. Lp - 1``: the last position's hidden state ``[B, H]``, or with ``last`` > 0 the
+        last ``last`` positions' ``[B, last, H]`` (parallel decoding's slots: its one pass)."""
         model = self.model
         ids = prompt.input_ids.to(model.device)
         image_id = model.backbone.config.image_token_id
         placeholders = ids == image_id
-        if prompt.state_slots is not None and bool(prompt.state_slots.any()):
-            x = model.embed_with_state(ids, prompt.state, prompt.state_slots)
+        if bool(prompt.state_slots.any()) or bool(prompt.query_slots.any()):
+            x = model.embed_inputs(ids, prompt.state, prompt.state_slots, prompt.query_slots)
         else:
             x = self.embed(ids.masked_fill(placeholders, 0) if image_id >= self.embed.num_embeddings else ids)
         if images is not None:
@@ -133,7 +134,9 @@ class LeanSteps:
             raise ValueError("the ids hold image placeholders but no images were given; pass images [B, N, 3, H, W]")
         cos, sin = self.rotary(x, prompt.position_ids.to(model.device))  # [B, Lp, hd]
         mask = model.additive_mask(prompt.attention_mask)  # [B, 1, Lp, Lp]: the prefix-LM mask
-        return self.layers_forward(x, cos[:, None], _signed(sin)[:, None], mask, 0)[:, -1]
+        if last:  # only the last columns go through the final norm (the slots' hidden states)
+            return self.layers_forward(x, cos[:, None], _signed(sin)[:, None], mask, 0, last=last)
+        return self.layers_forward(x, cos[:, None], _signed(sin)[:, None], mask, 0, last=1)[:, -1]
 
     def __call__(self, token: torch.Tensor, step: int) -> torch.Tensor:
         """``layers_forward`` for one token per row, written for ``[B, H]`` rows (no query axis, no transposes)."""
@@ -157,10 +160,13 @@ class LeanSteps:
             x = x + (F.gelu(gate, approximate="tanh") * up) @ w_down  # Gemma's gelu_pytorch_tanh
         return self._norm(x, self.final_norm_weight)
 
-    def layers_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, col: int):
+    def layers_forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, col: int, last: int = 0
+    ):
         """``x`` ``[B, Lq, H]`` at cache columns ``col .. col + Lq - 1``, attending to the columns ``mask`` covers
-        (``[B, 1, Lq, n]``, additive): the hidden states ``[B, Lq, H]`` after the final norm. ``sin`` is signed
-        (``_signed``), so RoPE is ``x * cos + roll(x, hd / 2) * sin``."""
+        (``[B, 1, Lq, n]``, additive): the hidden states ``[B, Lq, H]`` after the final norm (only the last
+        ``last`` positions' when ``last`` > 0). ``sin`` is signed (``_signed``), so RoPE is
+        ``x * cos + roll(x, hd / 2) * sin``."""
         b, lq = x.shape[:2]
         n, half, nh, nkv = mask.shape[-1], self.head_dim // 2, self.heads, self.kv_heads
         for layer, keys, values, (w_in, w_post), fused in zip(
@@ -188,7 +194,7 @@ class LeanSteps:
             else:
                 gate, up = F.linear(h, m.gate_proj.weight), F.linear(h, m.up_proj.weight)
             x = x + F.linear(m.act_fn(gate) * up, m.down_proj.weight)
-        return self._norm(x, self.final_norm_weight)
+        return self._norm(x[:, -last:] if last else x, self.final_norm_weight)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:

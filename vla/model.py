@@ -131,6 +131,7 @@ def build_model(
     seed: int | None = None,
     state_dim: int | None = None,
     state_tokens: int = 0,
+    query_slots: int = 0,
 ) -> PrefixLM:
     """A ``PrefixLM`` of the named size over ``vocab``.
 
@@ -138,6 +139,7 @@ def build_model(
     local PaliGemma checkpoint folder (config.json + safetensors), read with no network. ``backbone_config``: build
     exactly this ``PaliGemmaConfig`` (what a saved policy stores) instead of the preset's. ``state_tokens`` > 0 adds a
     ``StateEncoder`` from a ``state_dim`` state to that many prefix embeddings (``state_encoding="embedding"``).
+    ``query_slots`` > 0 adds a ``SlotEmbedding`` of that many learned inputs (``decoding="parallel"``).
     """
     spec = get_preset(preset)
     if pretrained_path is not None:
@@ -175,7 +177,14 @@ def build_model(
                 torch.manual_seed(seed + 1)
             hidden = backbone.config.text_config.hidden_size
             encoder = StateEncoder(state_dim, hidden, state_tokens).to(device=backbone.device, dtype=dtype)
-    return PrefixLM(backbone, encoder)
+    slots = None
+    if query_slots:
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed + 2)
+            hidden = backbone.config.text_config.hidden_size
+            slots = SlotEmbedding(query_slots, hidden).to(device=backbone.device, dtype=dtype)
+    return PrefixLM(backbone, encoder, slots)
 
 
 class StateEncoder(nn.Module):
@@ -198,14 +207,39 @@ class StateEncoder(nn.Module):
         return self.net(state).reshape(len(state), self.tokens, self.hidden)
 
 
+class SlotEmbedding(nn.Module):
+    """Parallel decoding's query slots: one learned input embedding per action id of a chunk, ``[slots, hidden]``.
+
+    Slot ``i`` reads the same vector for every sample; what it predicts comes from attending to the prefix and the
+    other slots (the non-autoregressive recipe of Gu et al. 2018 with learned queries, as in DETR). Initialised at
+    the scale of Gemma's (sqrt(hidden)-scaled) token embeddings.
+    """
+
+    def __init__(self, slots: int, hidden: int):
+        super().__init__()
+        self.slots, self.hidden = int(slots), int(hidden)
+        self.weight = nn.Parameter(torch.randn(self.slots, self.hidden) * 0.02 * self.hidden**0.5)
+
+    def forward(self, rows: int) -> torch.Tensor:
+        """``[rows, slots, hidden]``: the slot embeddings for ``rows`` samples."""
+        return self.weight[None].expand(rows, -1, -1)
+
+
 class PrefixLM(nn.Module):
     """PaliGemma driven with an explicit prefix-LM mask. ``backbone`` is the transformers model, unchanged;
-    ``state_encoder`` (optional) writes the state's embeddings into the prefix's state slots."""
+    ``state_encoder`` (optional) writes the state's embeddings into the prefix's state slots; ``slot_embedding``
+    (optional, parallel decoding) writes the query slots' learned inputs."""
 
-    def __init__(self, backbone: PaliGemmaForConditionalGeneration, state_encoder: StateEncoder | None = None):
+    def __init__(
+        self,
+        backbone: PaliGemmaForConditionalGeneration,
+        state_encoder: StateEncoder | None = None,
+        slot_embedding: SlotEmbedding | None = None,
+    ):
         super().__init__()
         self.backbone = backbone
         self.state_encoder = state_encoder
+        self.slot_embedding = slot_embedding
 
     @property
     def image_size(self) -> int:
@@ -264,6 +298,7 @@ class PrefixLM(nn.Module):
         output_hidden_states: bool = False,
         state: torch.Tensor | None = None,  # float [B, S], normalised; read at state_slots only
         state_slots: torch.Tensor | None = None,  # bool [B, Lq], positions that take the state's embeddings
+        query_slots: torch.Tensor | None = None,  # bool [B, Lq], parallel decoding's slots (learned embeddings)
     ):
         """Hidden states ``[B, Lq, hidden]`` (``.last_hidden_state``), and the KV cache when ``use_cache``."""
         placeholders = input_ids == self.backbone.config.image_token_id
@@ -272,8 +307,8 @@ class PrefixLM(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.ones_like(input_ids)
         inputs = {"input_ids": input_ids.to(self.device)}
-        if state_slots is not None and bool(state_slots.any()):
-            inputs = {"inputs_embeds": self.embed_with_state(input_ids, state, state_slots)}
+        if _any(state_slots) or _any(query_slots):
+            inputs = {"inputs_embeds": self.embed_inputs(input_ids, state, state_slots, query_slots)}
         return self.backbone.model(
             **inputs,
             pixel_values=None if images is None else self.pixel_values(images),
@@ -285,18 +320,28 @@ class PrefixLM(nn.Module):
             output_hidden_states=output_hidden_states,
         )
 
-    def embed_with_state(self, input_ids: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor) -> torch.Tensor:
-        """Token embeddings ``[B, L, hidden]`` with the state encoder's output written into the state slots."""
-        if self.state_encoder is None:
-            raise ValueError("the sequence has state slots but this model has no state encoder; build it with "
-                             "state_tokens > 0 (VLAConfig.state_encoding='embedding')")  # fmt: skip
-        slots = state_slots.to(self.device)
-        per_row = slots.sum(dim=1)
-        if bool((per_row != self.state_encoder.tokens).any()):
-            raise ValueError(f"every row needs {self.state_encoder.tokens} state slots, got {per_row.tolist()}")
+    def embed_inputs(
+        self,
+        input_ids: torch.Tensor,
+        state: torch.Tensor | None,
+        state_slots: torch.Tensor | None,
+        query_slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Token embeddings ``[B, L, hidden]`` with the state encoder's output written into the state slots and the
+        slot embedding into the query slots (parallel decoding)."""
         embeds = self.backbone.get_input_embeddings()(input_ids.to(self.device))
-        values = self.state_encoder(state.to(self.device, embeds.dtype))  # [B, k, hidden]
-        return embeds.masked_scatter(slots[..., None].expand_as(embeds), values.to(embeds.dtype))
+        if _any(state_slots):
+            if self.state_encoder is None:
+                raise ValueError("the sequence has state slots but this model has no state encoder; build it with "
+                                 "state_tokens > 0 (VLAConfig.state_encoding='embedding')")  # fmt: skip
+            values = self.state_encoder(state.to(self.device, embeds.dtype))  # [B, k, hidden]
+            embeds = _write(embeds, state_slots.to(self.device), values, "state")
+        if _any(query_slots):
+            if self.slot_embedding is None:
+                raise ValueError("the sequence has query slots but this model has no slot embedding; build it with "
+                                 "query_slots > 0 (VLAConfig.decoding='parallel')")  # fmt: skip
+            embeds = _write(embeds, query_slots.to(self.device), self.slot_embedding(len(embeds)), "query")
+        return embeds
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., hidden]`` -> ``[..., vocab]`` float32 logits (the tied LM head)."""
@@ -304,14 +349,16 @@ class PrefixLM(nn.Module):
 
     # --- the two verbs -------------------------------------------------------------------------------------
     def loss(self, seq: Sequence, images: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Next-token cross-entropy on the suffix only; logits are computed at those positions only.
+        """Next-token cross-entropy on the suffix only; logits are computed at those positions only. (Parallel
+        decoding: each query slot's own action id, at every slot at once; the sequence's targets say which.)
 
         Metrics (0-d tensors, so nothing waits for the device until the caller reads them): ``loss``,
         ``accuracy`` (greedy next-token accuracy on the action ids), ``suffix_tokens``.
         """
         seq = seq.to(self.device)
         out = self(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.token_type_ids,
-                   images=images, state=seq.state, state_slots=seq.state_slots)  # fmt: skip
+                   images=images, state=seq.state, state_slots=seq.state_slots,
+                   query_slots=seq.query_slots)  # fmt: skip
         hidden = out.last_hidden_state[seq.loss_mask]  # [N, hidden], N = suffix targets in the batch
         logits = self.logits(hidden)  # [N, V]
         targets = seq.targets[seq.loss_mask]  # [N]
@@ -321,3 +368,15 @@ class PrefixLM(nn.Module):
             hits = (logits.argmax(-1) == targets)[is_action]
             accuracy = hits.float().mean()  # NaN when the batch holds no action ids
         return loss, {"loss": loss.detach(), "accuracy": accuracy, "suffix_tokens": torch.tensor(float(targets.numel()))}
+
+
+def _any(mask: torch.Tensor | None) -> bool:
+    return mask is not None and bool(mask.any())
+
+
+def _write(embeds: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, what: str) -> torch.Tensor:
+    """``values`` ``[B, k, hidden]`` written, in order, at the ``k`` True positions of each row of ``slots``."""
+    per_row = slots.sum(dim=1)
+    if bool((per_row != values.shape[1]).any()):
+        raise ValueError(f"every row needs {values.shape[1]} {what} slots, got {per_row.tolist()}")
+    return embeds.masked_scatter(slots[..., None].expand_as(embeds), values.to(embeds.dtype))

@@ -12,6 +12,12 @@ Each step is a small frozen dataclass over a *batch* (a dict, the contract below
     "action_ids"                   list[list[int]]       action-tokenizer ids (TokenizeActions, or generated)
     "sequence"                     vla.sequence.Sequence the packed rows the model reads (BuildSequence/BuildPrompt)
     "valid", "errors"              bool [B], list         per chunk: decoded validly, and why not (outputs)
+    "vla.normalized"               bool                   set by LeRobot's processor step (vla.policy.processor_vla):
+                                                          state and action arrive normalised, and leave normalised
+
+With relative actions (``VLAConfig.relative_actions``, openpi's ``DeltaActions``) ``RelativeActions`` runs before
+``Normalize`` in training, and ``AbsoluteActions`` after ``Unnormalize`` on the way out, adding the raw
+``observation.state`` back, so decoded chunks are always absolute.
 
 ``Pipeline.training`` runs in DataLoader workers through ``Collate`` (a ``collate_fn`` that returns the packed
 batch), so ``policy.forward`` only moves tensors and computes the loss; ``step_through`` yields every
@@ -37,6 +43,7 @@ from .sequence import SequenceLayout
 
 Batch = dict[str, Any]
 IMAGES, ACTION_IDS, SEQUENCE = "images", "action_ids", "sequence"
+NORMALIZED = "vla.normalized"  # LeRobot's pre-processor normalised the batch (its post-processor unnormalises)
 
 
 class Transform(Protocol):
@@ -92,13 +99,31 @@ class CheckBatch:
 
 
 @dataclass(frozen=True)
+class RelativeActions:
+    """Absolute chunks [B, T, D] -> relative to the current state on the masked dimensions (raw units, before
+    ``Normalize``): ``action[:, :, i] -= state[:, action_state_dims[i]]`` where ``mask[i]``; grippers stay absolute.
+    openpi's ``DeltaActions``; ``AbsoluteActions`` is its inverse on the way out."""
+
+    mask: tuple[bool, ...]
+    action_state_dims: tuple[int, ...]
+
+    def __call__(self, batch: Batch) -> Batch:
+        if ACTION not in batch:
+            return batch
+        return {**batch, ACTION: batch[ACTION] - _state_offset(batch, self.mask, self.action_state_dims)}
+
+
+@dataclass(frozen=True)
 class Normalize:
-    """Raw state and actions -> normalised (q01..q99 -> [-1, 1] by default), each when present."""
+    """Raw state and actions -> normalised (q01..q99 -> [-1, 1] by default), each when present (and not already:
+    ``NORMALIZED``)."""
 
     state: at.Normalizer | None
     action: at.Normalizer
 
     def __call__(self, batch: Batch) -> Batch:
+        if batch.get(NORMALIZED):
+            return batch
         out = dict(batch)
         if self.state is not None and OBS_STATE in batch:
             out[OBS_STATE] = self.state.normalize(batch[OBS_STATE])
@@ -202,12 +227,42 @@ class DetokenizeActions:
 
 @dataclass(frozen=True)
 class Unnormalize:
-    """Normalised chunks -> raw units (NaN rows stay NaN)."""
+    """Normalised chunks -> raw units (NaN rows stay NaN); left normalised for LeRobot's post-processor
+    (``NORMALIZED``)."""
 
     action: at.Normalizer
 
     def __call__(self, batch: Batch) -> Batch:
+        if batch.get(NORMALIZED):
+            return batch
         return {**batch, ACTION: self.action.unnormalize(batch[ACTION])}
+
+
+@dataclass(frozen=True)
+class AbsoluteActions:
+    """Relative chunks (raw units, after ``Unnormalize``) -> absolute: the raw state added back on the masked
+    dimensions. Needs the observation's raw ``observation.state`` in the batch (NaN rows stay NaN)."""
+
+    mask: tuple[bool, ...]
+    action_state_dims: tuple[int, ...]
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {**batch, ACTION: batch[ACTION] + _state_offset(batch, self.mask, self.action_state_dims)}
+
+
+def _state_offset(batch: Batch, mask: tuple[bool, ...], action_state_dims: tuple[int, ...]) -> np.ndarray:
+    """float [B, 1, D]: the raw state's value of each masked action dimension, 0 elsewhere."""
+    if batch.get(NORMALIZED):  # state and actions in normalised units: a difference of them means nothing
+        raise ValueError("relative actions work in raw units, but LeRobot's processor normalised this batch; train "
+                         "and run policies with relative actions through `vla train` and the policy's own pipeline, "
+                         "or set relative_actions='none'")  # fmt: skip
+    if OBS_STATE not in batch:
+        raise ValueError(f"relative actions need the raw batch['{OBS_STATE}'] to add the state back; pass the "
+                         "observation's state with the generated ids")  # fmt: skip
+    state = np.asarray(_numpy(batch, OBS_STATE), dtype=np.float64)
+    state = state[None] if state.ndim == 1 else state  # [B, S]
+    offset = state[:, list(action_state_dims)] * np.asarray(mask, dtype=np.float64)  # [B, D]
+    return offset[:, None, :]
 
 
 # --- the lists -----------------------------------------------------------------------------------------------
@@ -233,15 +288,23 @@ class Pipeline:
         action_dim: int,
         image_keys: Sequence[str] = (),
         image_size: int = 0,
+        relative_actions: Sequence[bool] | None = None,
+        action_state_dims: Sequence[int] | None = None,
     ) -> Pipeline:
+        """``relative_actions``: a mask per action dimension (None = all absolute); the model then predicts those
+        dimensions relative to the state's ``action_state_dims``, and the action normaliser must be fitted on them."""
         shapes = (state_dim, tuple(image_keys), time_horizon, action_dim)
         normalize = Normalize(state_normalizer, action_normalizer)
         images = StackImages(tuple(image_keys), image_size)
+        relative = absolute = ()
+        if relative_actions is not None and any(relative_actions):
+            parts = (tuple(bool(m) for m in relative_actions), tuple(int(i) for i in action_state_dims))
+            relative, absolute = (RelativeActions(*parts),), (AbsoluteActions(*parts),)
         return cls(
-            training=(CheckBatch(*shapes, actions=True), normalize, images, TokenizeActions(tokenizer),
+            training=(CheckBatch(*shapes, actions=True), *relative, normalize, images, TokenizeActions(tokenizer),
                       BuildSequence(layout)),
             prompt=(CheckBatch(*shapes, actions=False), normalize, images, BuildPrompt(layout)),
-            outputs=(DetokenizeActions(tokenizer, time_horizon, action_dim), Unnormalize(action_normalizer)),
+            outputs=(DetokenizeActions(tokenizer, time_horizon, action_dim), Unnormalize(action_normalizer), *absolute),
         )
 
     def step_through(self, batch: Batch, direction: str = "training") -> Iterator[tuple[str, Batch]]:

@@ -17,6 +17,18 @@ pi0-FAST's layout (openpi; see REFERENCE.md), one row per sample:
   (``position_ids = cumsum(valid) - 1``, 0 on padding).
 * The loss is next-token cross-entropy on the suffix only (``Action: ``, the action ids, ``|`` and EOS).
 
+``decoding="parallel"`` (one-pass decoding, for tokenizers with a fixed number ``n`` of ids per chunk) replaces the
+suffix with ``n`` query slots::
+
+    prefix (bidirectional)                                          slots (one bidirectional block)
+    [<image> ...] [BOS] "Task: {task}, State: {s};\n"               <q_1> .. <q_n>
+
+Slot ``i``'s input is not an id but a learned embedding of its own (``vla.model.SlotEmbedding``;
+``Sequence.query_slots`` marks the slots), and it predicts action id ``i`` *at its own position* (not the next
+one): cross-entropy at every slot at once, on the slots only. Only the first slot has ``ar = 1``, so the slots
+share one causal block: each sees the whole prefix and every slot, the prefix never sees a slot. A prompt is the
+same row without targets; ``vla.decode.generate`` fills every slot in one forward pass.
+
 Vocabulary (``VocabMap``): text ids, then action ids. Two layouts:
 * ``compact`` (default, no download): 4 special ids, 256 byte ids, 256 number ids and optionally one id per
   listed word (a built-in text tokenizer, ``ByteTextTokenizer``), then action id ``t`` at ``516 + words + t``.
@@ -43,7 +55,11 @@ STATE_ENCODINGS = ("text", "embedding")
 # "prefix_lm": the prefix attends both ways, the suffix causally (pi0-FAST); "causal": every position sees only what
 # came before it, prefix included (a GPT), for the comparison that asks why a prefix-LM.
 ATTENTIONS = ("prefix_lm", "causal")
+# "autoregressive": action ids one at a time after "Action: " (pi0-FAST); "parallel": one query slot per id of a
+# fixed-length chunk, all predicted in one forward pass (see the module docstring)
+DECODINGS = ("autoregressive", "parallel")
 _STATE_SLOT = -1  # marks a state slot in a prefix row until _pack turns it into a padded id + state_slots
+_QUERY_SLOT = -2  # marks a parallel query slot until _pack turns it into a padded id + query_slots
 
 PALIGEMMA_TEXT_VOCAB = 257152  # Gemma tokenizer ids in PaliGemma; the action map counts down from here
 PALIGEMMA_SKIP = 128  # openpi leaves the top 128 ids (special tokens) alone
@@ -150,6 +166,7 @@ class Sequence:
     prefix_len: torch.Tensor  # long [B], prefix tokens per row (padding excluded)
     state: torch.Tensor  # float32 [B, S], the normalised state (read by the model only at state slots)
     state_slots: torch.Tensor  # bool [B, L], positions whose embedding comes from ``state`` (all False for text)
+    query_slots: torch.Tensor  # bool [B, L], parallel decoding's slots (learned embeddings; all False otherwise)
 
     @property
     def attention_mask(self) -> torch.Tensor:
@@ -186,7 +203,8 @@ class SequenceLayout:
     ``max_prefix_len``: most *text* tokens in the prefix (BOS + task + state; image tokens not counted). A task
     that does not fit is cut (a logged, counted truncation); a state that does not fit alone is an error.
     ``state_encoding``: ``"text"`` (pi0-FAST: the state as ``state_bins`` integers) or ``"embedding"`` (``state_tokens``
-    slots the model fills from the continuous state).
+    slots the model fills from the continuous state). ``decoding``: ``"autoregressive"`` (the suffix above) or
+    ``"parallel"`` (``num_slots`` query slots after the prefix, one per action id of a fixed-length chunk).
     """
 
     def __init__(
@@ -200,10 +218,18 @@ class SequenceLayout:
         state_encoding: str = "text",
         state_tokens: int = 1,
         attention: str = "prefix_lm",
+        decoding: str = "autoregressive",
+        num_slots: int = 0,
     ):
         if attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
         self.attention = attention
+        if decoding not in DECODINGS:
+            raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
+        if decoding == "parallel" and num_slots < 1:
+            raise ValueError(f"parallel decoding needs num_slots >= 1 (the tokenizer's ids per chunk), got {num_slots}")
+        self.decoding = decoding
+        self.num_slots = int(num_slots) if decoding == "parallel" else 0
         if state_bins < 2:
             raise ValueError(f"state_bins must be >= 2, got {state_bins}")
         if state_encoding not in STATE_ENCODINGS:
@@ -288,23 +314,38 @@ class SequenceLayout:
 
     # --- batches -------------------------------------------------------------------------------------------
     def build_prefix(self, tasks: list[str], states: np.ndarray, *, with_marker: bool = True) -> Sequence:
-        """Inference prompts, left-padded: ``[pad..][prefix]["Action: "]`` per row.
+        """Inference prompts, left-padded: ``[pad..][prefix]["Action: "]`` per row (parallel: ``[prefix][slots]``).
 
         ``"Action: "`` opens the suffix (causal) but never varies, so it is fed with the prompt rather than
         sampled; the first generated token is the first action id.
         """
         states = self._check_batch(tasks, states)
-        marker = list(self.vocab.marker_ids) if with_marker else []
-        rows = [(self.prefix_ids(t, s), marker) for t, s in zip(tasks, states)]
+        if self.decoding == "parallel":
+            suffix = [_QUERY_SLOT] * self.num_slots
+        else:
+            suffix = list(self.vocab.marker_ids) if with_marker else []
+        rows = [(self.prefix_ids(t, s), suffix) for t, s in zip(tasks, states)]
         return self._pack(rows, states, pad_left=True)
 
     def build_training_sequence(
         self, tasks: list[str], states: np.ndarray, action_ids: list[list[int]]
     ) -> Sequence:
-        """Training rows, right-padded: ``[prefix][Action: a_1..a_n | EOS][pad..]``, loss on the suffix."""
+        """Training rows, right-padded: ``[prefix][Action: a_1..a_n | EOS][pad..]``, loss on the suffix.
+
+        Parallel: ``[prefix][q_1..q_n][pad..]``, slot ``i``'s target action id ``a_i``, loss on the slots only.
+        """
         states = self._check_batch(tasks, states)
         if len(action_ids) != len(tasks):
             raise ValueError(f"{len(action_ids)} action id rows for {len(tasks)} tasks; pass one row per sample")
+        if self.decoding == "parallel":
+            lengths = sorted({len(a) for a in action_ids} - {self.num_slots})
+            if lengths:
+                raise ValueError(
+                    f"parallel decoding has {self.num_slots} slots per chunk but got chunks of {lengths} ids: the "
+                    "tokenizer is not fixed-length; use decoding='autoregressive' or a bin/fsq/beast tokenizer"
+                )
+            rows = [(self.prefix_ids(t, s), [_QUERY_SLOT] * self.num_slots) for t, s in zip(tasks, states)]
+            return self._pack(rows, states, pad_left=False, slot_targets=action_ids)
         rows = [(self.prefix_ids(t, s), self.suffix_ids(a)) for t, s, a in zip(tasks, states, action_ids)]
         return self._pack(rows, states, pad_left=False)
 
@@ -318,8 +359,16 @@ class SequenceLayout:
             raise ValueError(f"{len(tasks)} tasks for {len(states)} states; pass one task per sample")
         return states
 
-    def _pack(self, rows: list[tuple[list[int], list[int]]], states: np.ndarray, pad_left: bool) -> Sequence:
-        """Rows of (prefix ids, suffix ids) and their normalised states -> one padded ``Sequence``."""
+    def _pack(
+        self,
+        rows: list[tuple[list[int], list[int]]],
+        states: np.ndarray,
+        pad_left: bool,
+        slot_targets: list[list[int]] | None = None,
+    ) -> Sequence:
+        """Rows of (prefix ids, suffix ids) and their normalised states -> one padded ``Sequence``.
+
+        ``slot_targets``: parallel training rows, the action ids the query slots predict (one per slot)."""
         pad = self.vocab.text.pad_id
         width = max(len(p) + len(s) for p, s in rows)
         b = len(rows)
@@ -336,6 +385,11 @@ class SequenceLayout:
         ar = (in_suffix if self.attention == "prefix_lm" else valid).long()
         state_slots = input_ids == _STATE_SLOT
         input_ids[state_slots] = pad  # never embedded: the model writes the state's embedding there
+        query_slots = input_ids == _QUERY_SLOT
+        input_ids[query_slots] = pad  # never embedded: the model writes each slot's learned embedding there
+        if bool(query_slots.any()):  # only the first slot opens a block: the slots see each other, the prefix none
+            first = query_slots & ~torch.nn.functional.pad(query_slots[:, :-1], (1, 0))
+            ar = torch.where(query_slots, first.long(), ar)
         position_ids = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0) * valid
         # Position i predicts token i + 1; it counts in the loss when token i + 1 is a (valid) suffix token.
         targets = torch.full_like(input_ids, pad)
@@ -344,8 +398,16 @@ class SequenceLayout:
         target_in_suffix[:, :-1] = in_suffix[:, 1:] & valid[:, 1:]
         action_mask = target_in_suffix & self.vocab.is_action(targets)
         targets = torch.where(target_in_suffix, targets, pad)
+        if self.decoding == "parallel":  # a slot predicts its own action id, in place; nothing else is a target
+            targets = torch.full_like(input_ids, pad)
+            target_in_suffix = torch.zeros_like(valid)
+            if slot_targets is not None:
+                flat = np.concatenate([np.asarray(a, dtype=np.int64) for a in slot_targets])
+                targets[query_slots] = torch.as_tensor(self.vocab.action_to_vocab(flat))  # row-major, as the slots
+                target_in_suffix = query_slots.clone()
+            action_mask = target_in_suffix.clone()
         prefix_len = torch.tensor([len(p) for p, _ in rows], dtype=torch.long)
         state = torch.as_tensor(np.clip(states, -1.0, 1.0), dtype=torch.float32)  # clipped as the text path is
         return Sequence(input_ids, valid, ar, position_ids, targets, target_in_suffix, action_mask, prefix_len,
-                        state, state_slots)  # fmt: skip
+                        state, state_slots, query_slots)  # fmt: skip
 

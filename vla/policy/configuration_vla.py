@@ -14,15 +14,17 @@ from typing import Any
 
 from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature, PreTrainedConfig
 from lerobot.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
-from lerobot.utils.constants import ACTION, OBS_STATE
+from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
+import action_tokenizers as at
 from action_tokenizers.normalize import NORM_MODES
 from vla.data import IMAGE_PREFIX
 from vla.model import PRESETS
 from vla.names import suggestion
-from vla.sequence import ATTENTIONS, STATE_ENCODINGS
+from vla.sequence import ATTENTIONS, DECODINGS, STATE_ENCODINGS
 
 DTYPES = ("float32", "bfloat16")
+RELATIVE_CHOICES = ("none", "auto")  # or a mask per action dimension
 
 
 @PreTrainedConfig.register_subclass("vla")
@@ -62,14 +64,30 @@ class VLAConfig(PreTrainedConfig):
     # the whole sequence, prefix included (the ablation that asks why a prefix-LM)
     attention: str = "prefix_lm"
 
+    # --- relative (delta) actions: openpi's DeltaActions --------------------------------------------------
+    # Per action dimension, True = the model predicts action - state (the state's matching dimension, below) and the
+    # state is added back on the way out, so decoded chunks are absolute. "none" = all absolute; "auto" = every
+    # dimension but grippers (named *gripper*), fixed into a mask from the dataset's action names when training starts.
+    relative_actions: list[bool] | str = "none"
+    # For each action dimension, the state dimension holding the same quantity (relative actions, and the held-out
+    # report's hold-the-state baseline). None = matched by feature name, or one to one when the dims are equal; fixed
+    # when training starts (stays None when neither matches: then give it, e.g. [0, 1, 2, 4, 5, 6] for piper_grape).
+    action_state_dims: list[int] | None = None
+
     # --- decoding -----------------------------------------------------------------------------------------
     temperature: float = 0.0  # 0 = greedy; > 0 samples (openpi used 0.7 for bimanual tasks)
     top_p: float = 1.0  # nucleus sampling mass (with temperature > 0)
     constrained: bool = True  # mask logits with the tokenizer's constraint (False only for ablations)
     use_kv_cache: bool = True  # prefill once and decode from the KV cache (False recomputes every step)
+    # "autoregressive": one action id per forward pass (pi0-FAST); "parallel": one learned query slot per id of a
+    # fixed-length chunk (bin, fsq, beast; not FAST), every slot predicted in one forward pass (results/parallel/)
+    decoding: str = "autoregressive"
 
     # --- tokenizer and normalisation when LeRobot's factory builds the policy ------------------------------
     action_tokenizer_path: str | None = None  # folder written by tok.save_pretrained (used when none is passed)
+    # With no path (and no tokenizer passed), LeRobot's trainer fits one of this type (vla's default options) on the
+    # dataset's chunks, as `vla train` does: "fast", "bin", "fsq" or "beast"
+    action_tokenizer_type: str = "fast"
     action_norm_mode: str = "quantile"  # from dataset stats: "quantile" (q01/q99 -> +-1), "mean_std", "identity"
     state_norm_mode: str = "quantile"  # same choices, for observation.state
     # LeRobot's processors must not normalise: the policy does it with its own normalisers (above).
@@ -118,8 +136,10 @@ class VLAConfig(PreTrainedConfig):
         for name in ("action_dim", "state_dim", "image_size", "max_action_tokens"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "use a positive integer or leave it unset (None)")
-        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX) or k == IMAGE_PREFIX]
-        _check(not bad, "image_keys", bad, f"name cameras by their full key, e.g. '{IMAGE_PREFIX}front'")
+        # observation.images.<cam>, or LeRobot's one-camera key observation.image (its Meta-World env's)
+        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX) and k != OBS_IMAGE or k == IMAGE_PREFIX]
+        _check(not bad, "image_keys", bad,
+               f"name cameras by their full key, e.g. '{IMAGE_PREFIX}front' or '{OBS_IMAGE}'")  # fmt: skip
         unique = len(set(self.image_keys)) == len(self.image_keys)
         _check(unique, "image_keys", self.image_keys, "list each camera once")
         _check(self.max_prefix_len >= 16, "max_prefix_len", self.max_prefix_len, "use at least 16 (256 is typical)")
@@ -127,13 +147,40 @@ class VLAConfig(PreTrainedConfig):
         _check(self.state_encoding in STATE_ENCODINGS, "state_encoding", self.state_encoding,
                f"use one of {', '.join(STATE_ENCODINGS)}")  # fmt: skip
         _check(self.attention in ATTENTIONS, "attention", self.attention, f"use one of {', '.join(ATTENTIONS)}")
+        _check(self.decoding in DECODINGS, "decoding", self.decoding, f"use one of {', '.join(DECODINGS)}")
+        if isinstance(self.relative_actions, str):
+            _check(self.relative_actions in RELATIVE_CHOICES, "relative_actions", self.relative_actions,
+                   "use 'none', 'auto' (all but grippers) or a mask per action dimension, e.g. [true, true, false]")
+        else:
+            self.relative_actions = [bool(m) for m in self.relative_actions]
+            _check(self.action_dim is None or len(self.relative_actions) == self.action_dim, "relative_actions",
+                   self.relative_actions, f"give one entry per action dimension ({self.action_dim})")
+        if self.action_state_dims is not None:
+            _check(self.action_dim is None or len(self.action_state_dims) == self.action_dim, "action_state_dims",
+                   self.action_state_dims, f"give one state dimension per action dimension ({self.action_dim})")
+            _check(self.state_dim is None or all(0 <= i < self.state_dim for i in self.action_state_dims),
+                   "action_state_dims", self.action_state_dims, f"use state dimensions in [0, {self.state_dim})")
         _check(self.state_tokens >= 1, "state_tokens", self.state_tokens, "use a positive number (1 is typical)")
         _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")
+        _check(self.action_tokenizer_type in at.TOKENIZERS, "action_tokenizer_type", self.action_tokenizer_type,
+               f"use one of {', '.join(at.TOKENIZERS)}")  # fmt: skip
         for name in ("action_norm_mode", "state_norm_mode"):
             mode = getattr(self, name)
             _check(mode in NORM_MODES, name, mode, f"use one of {', '.join(NORM_MODES)}")
         self.optimizer_betas = tuple(self.optimizer_betas)  # YAML gives a list
+
+    def relative_mask(self) -> tuple[bool, ...] | None:
+        """The resolved mask of relative dimensions, or None when every dimension is absolute."""
+        if self.relative_actions == "none" or (isinstance(self.relative_actions, list) and not any(self.relative_actions)):
+            return None
+        if self.relative_actions == "auto":
+            raise ValueError("VLAConfig.relative_actions = 'auto' is resolved from the dataset's action names when "
+                             "training starts; give the mask itself here, e.g. [true, true, false]")  # fmt: skip
+        if self.action_state_dims is None:
+            raise ValueError("relative actions need VLAConfig.action_state_dims: the state dimension of each action "
+                             "dimension (the dataset's names or dims did not match; e.g. [0, 1, 2, 4, 5, 6])")  # fmt: skip
+        return tuple(self.relative_actions)
 
     # --- what LeRobot asks of a policy config ---------------------------------------------------------------
     @property

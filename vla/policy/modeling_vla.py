@@ -23,7 +23,8 @@ Saved files (``save_pretrained``, written to a temporary folder and renamed into
     action_tokenizer/        tok.save_pretrained
     action_normalizer.json, state_normalizer.json
     text_tokenizer/          only for the PaliGemma vocabulary (a copy of the Gemma tokenizer.json)
-    policy_{pre,post}processor.json   LeRobot's processor pipelines (vla.policy.processor_vla), for lerobot-eval
+    policy_{pre,post}processor.json   LeRobot's processor pipelines (vla.policy.processor_vla: the normalisers as
+                                      LeRobot steps, + their .safetensors), for lerobot-eval
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from safetensors.torch import load_model, save_model
 
 import action_tokenizers as at
-from vla.decode import VocabConstraint, generate
+from vla.decode import VocabConstraint, fixed_chunk_length, generate
 from vla.io import atomic_directory, read_json, write_json
 from vla.model import build_model
-from vla.pipeline import ACTION_IDS, IMAGES, SEQUENCE, Pipeline, packed, run
+from vla.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
 from vla.policy.configuration_vla import VLAConfig
-from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors
+from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
 from vla.sequence import PALIGEMMA_TEXT_VOCAB, SequenceLayout, VocabMap
 from vla.text import TEXT_TOKENIZER_DIR, LocalTextTokenizer
 
@@ -114,21 +115,32 @@ class VLAPolicy(PreTrainedPolicy):
         dataset_stats: dict[str, dict[str, Any]] | None = None,
         text_tokenizer_dir: str | Path | None = None,
         backbone_config: dict | None = None,
-        **_: Any,  # LeRobot's factory also passes dataset_meta
+        dataset_meta: Any = None,  # LeRobot's factory: the dataset, to fit a tokenizer on when no path is given
+        **_: Any,
     ):
         super().__init__(config)
-        if action_tokenizer is None:
-            action_tokenizer = _tokenizer_from_config(config)
         if action_normalizer is None:
-            action_normalizer = _from_stats(dataset_stats, ACTION, config.action_norm_mode)
+            action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
         if state_normalizer is None:
-            state_normalizer = _from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
+            state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
+        if action_tokenizer is None:
+            action_tokenizer = _tokenizer_from_config(config, getattr(dataset_meta, "root", None), action_normalizer)
         self.action_tokenizer = action_tokenizer
         self.action_normalizer = action_normalizer
         self.state_normalizer = state_normalizer
         self._resolve_dims()
         config.validate_features()
         t, d = config.time_horizon, config.action_dim
+        constraint = self.action_tokenizer.constraint(time_horizon=t, action_dim=d)
+        slots = 0
+        if config.decoding == "parallel":  # one query slot per id: the chunk's length must be known before decoding
+            slots = fixed_chunk_length(constraint)
+            if slots is None:
+                raise ValueError(
+                    f"VLAConfig.decoding = 'parallel' needs a tokenizer with a fixed number of ids per chunk (bin, "
+                    f"fsq, beast), but the {self.action_tokenizer.name!r} tokenizer's chunks vary in length; use "
+                    "decoding='autoregressive' with it, or a fixed-length tokenizer"
+                )
 
         # The vocabulary: compact (bytes + actions) or PaliGemma's own, read from a local folder.
         text_dir = text_tokenizer_dir or config.backbone_path
@@ -149,6 +161,7 @@ class VLAPolicy(PreTrainedPolicy):
             seed=config.init_seed,
             state_dim=config.state_dim,
             state_tokens=config.state_tokens if config.state_encoding == "embedding" else 0,
+            query_slots=slots,
         )
         self.layout = SequenceLayout(
             self.vocab,
@@ -159,8 +172,10 @@ class VLAPolicy(PreTrainedPolicy):
             state_encoding=config.state_encoding,
             state_tokens=config.state_tokens,
             attention=config.attention,
+            decoding=config.decoding,
+            num_slots=slots,
         )
-        self.constraint = VocabConstraint(self.action_tokenizer.constraint(time_horizon=t, action_dim=d), self.vocab)
+        self.constraint = VocabConstraint(constraint, self.vocab)
         self.max_new_tokens = (config.max_action_tokens or self.constraint.max_length) + 1  # + "|"
         if config.constrained and self.max_new_tokens < self.constraint.max_length + 1:
             raise ValueError(
@@ -172,6 +187,7 @@ class VLAPolicy(PreTrainedPolicy):
             tokenizer=self.action_tokenizer, state_normalizer=self.state_normalizer,
             action_normalizer=self.action_normalizer, layout=self.layout, state_dim=config.state_dim,
             time_horizon=t, action_dim=d, image_keys=config.image_keys, image_size=self.model.image_size,
+            relative_actions=config.relative_mask(), action_state_dims=config.action_state_dims,
         )  # fmt: skip
         self.decode_stats = DecodeStats()
         self.last_decode_info: DecodeInfo | None = None
@@ -221,8 +237,11 @@ class VLAPolicy(PreTrainedPolicy):
     def predict_action_chunk(
         self, batch: dict[str, Any], generator: torch.Generator | None = None, **_: Any
     ) -> torch.Tensor:
-        """Action chunks ``[B, T, D]`` in raw units for a batch of observations (``generator``: for sampling)."""
+        """Action chunks ``[B, T, D]`` in raw units for a batch of observations (``generator``: for sampling);
+        normalised when LeRobot's pre-processor normalised the batch (``NORMALIZED``: its post-processor
+        unnormalises)."""
         start = time.perf_counter()
+        normalized = bool(batch.get(NORMALIZED))
         prompt = run(self.pipeline.prompt, batch)
         gen = generate(
             self.model,
@@ -236,9 +255,11 @@ class VLAPolicy(PreTrainedPolicy):
             use_cache=self.config.use_kv_cache,
             generator=generator,
         )
-        out = run(self.pipeline.outputs, {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors})
+        out = run(self.pipeline.outputs, {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors,
+                                          OBS_STATE: batch[OBS_STATE],  # the raw state, for relative actions
+                                          NORMALIZED: normalized})  # fmt: skip
         chunks = torch.as_tensor(np.nan_to_num(out[ACTION]), dtype=torch.float32)  # [B, T, D] raw
-        self._fall_back(chunks, out["valid"], out["errors"])
+        self._fall_back(chunks, out["valid"], out["errors"], normalized)
         self.decode_stats.chunks += len(chunks)
         self.decode_stats.tokens += int(gen.tokens_per_chunk[out["valid"]].sum())
         self.last_decode_info = DecodeInfo(
@@ -248,12 +269,13 @@ class VLAPolicy(PreTrainedPolicy):
         state = batch.get(OBS_STATE)
         return chunks.to(state.device) if isinstance(state, torch.Tensor) else chunks
 
-    def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None]) -> None:
+    def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None], normalized: bool) -> None:
         """Replace invalid chunks in place: previous action repeated, else the normalised zero action. Counted."""
         bad = np.flatnonzero(~valid)
         if not len(bad):
             return
-        zero = self.action_normalizer.unnormalize(np.zeros(self.config.action_dim))  # the middle of the data's range
+        zero = np.zeros(self.config.action_dim)  # the middle of the data's range, normalised
+        zero = zero if normalized else self.action_normalizer.unnormalize(zero)
         zero = torch.as_tensor(zero, dtype=torch.float32)
         previous = self._previous_action
         for i in bad:
@@ -300,7 +322,8 @@ class VLAPolicy(PreTrainedPolicy):
             self.state_normalizer.save(tmp / STATE_NORMALIZER_FILE)
             if isinstance(self.vocab.text, LocalTextTokenizer):
                 self.vocab.text.save(tmp / TEXT_TOKENIZER_DIR)
-            for pipeline in make_vla_pre_post_processors(self.config):  # so lerobot-eval can load this folder
+            normalizers = {OBS_STATE: self.state_normalizer, ACTION: self.action_normalizer}
+            for pipeline in make_vla_pre_post_processors(self.config, normalizers=normalizers):  # for lerobot-eval
                 pipeline.save_pretrained(tmp)
 
     def _save_pretrained(self, save_directory: Path, state_dict: dict | None = None) -> None:
@@ -358,30 +381,29 @@ class VLAPolicy(PreTrainedPolicy):
 
 
 # --- construction from LeRobot's factory -----------------------------------------------------------------------
-def _tokenizer_from_config(config: VLAConfig) -> at.ActionTokenizer:
-    if config.action_tokenizer_path is None:
+def _tokenizer_from_config(
+    config: VLAConfig, root: Path | None, action_normalizer: at.Normalizer
+) -> at.ActionTokenizer:
+    """The tokenizer at ``config.action_tokenizer_path``; else, when LeRobot's trainer passes the dataset (``root``),
+    one of ``config.action_tokenizer_type`` fitted on its episodes' normalised chunks as ``vla train`` fits it (vla's
+    default options), with the prompt's words from the dataset's tasks in the compact vocabulary, as ``vla train``
+    gives them (``config.text_words``, saved in config.json)."""
+    if config.action_tokenizer_path is not None:
+        return at.load_tokenizer(config.action_tokenizer_path)
+    if root is None:
         raise ValueError(
             "no action tokenizer: pass action_tokenizer=... or set VLAConfig.action_tokenizer_path to a folder "
-            "written by tok.save_pretrained (e.g. --policy.action_tokenizer_path=outputs/tok)"
+            "written by tok.save_pretrained (e.g. --policy.action_tokenizer_path=outputs/tok); LeRobot's trainer "
+            "fits one on its dataset when no path is given"
         )
-    return at.load_tokenizer(config.action_tokenizer_path)
+    from vla import data
+    from vla.config import tokenizer_config
+    from vla.text import prompt_words
 
-
-def _from_stats(stats: dict[str, dict[str, Any]] | None, key: str, mode: str) -> at.Normalizer:
-    if stats is None or key not in stats:
-        raise ValueError(
-            f"no normaliser for {key!r}: pass {'action' if key == ACTION else 'state'}_normalizer=at.Normalizer(...) "
-            f"or dataset_stats holding {key!r} (LeRobot's factory passes the dataset's stats)"
-        )
-    entry = {k: np.asarray(torch.as_tensor(v).cpu(), dtype=np.float64) for k, v in stats[key].items()}
-    if mode == "quantile" and {"q01", "q99", "min", "max"} <= entry.keys():
-        # LeRobot 0.6 averages per-episode quantiles: a dimension that is constant within each episode but not
-        # across them (a goal, an object's start) gets q01 == q99, and the policy cannot see it.
-        collapsed = np.flatnonzero((entry["q99"] - entry["q01"] < 1e-8) & (entry["max"] - entry["min"] > 1e-6))
-        if len(collapsed):
-            logger.warning(
-                "%s: dimensions %s vary (min < max) but their q01 == q99 in these stats, so quantile normalisation "
-                "hides them. LeRobot's stats.json averages per-episode quantiles; normalise with exact ones "
-                "(vla.data.frame_stats, as `vla train` does) or use the mean_std mode.", key, collapsed.tolist(),
-            )  # fmt: skip
-    return at.Normalizer.from_stats(entry, mode)
+    info = data.dataset_info(root)
+    if not config.text_words and config.backbone_path is None:
+        config.text_words = prompt_words(info.tasks)
+    chunks, _ = data.action_chunks(info, config.time_horizon)  # every episode: LeRobot's trainer trains on them all
+    logger.info("fitting a %s action tokenizer on %d chunks of %s (no action_tokenizer_path given)",
+                config.action_tokenizer_type, len(chunks), root)  # fmt: skip
+    return tokenizer_config(config.action_tokenizer_type).build(action_normalizer.normalize(chunks))
