@@ -167,13 +167,17 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> None:
     ):
         ax.bar(names, [r[key] for r in rows], color=["C0", "C1", "C2", "C3"][: len(names)])
         ax.set_title(label)
-    fig.suptitle(f"{result['task']}: one tiny policy per tokenizer, same budget")
+    from vla.sim import env_names
+
+    tasks = env_names(result["task"])
+    fig.suptitle(f"{len(tasks)} {result['task'].split('/')[0]} task(s): one tiny policy per tokenizer, same budget")
     fig.tight_layout()
     fig.savefig(out_dir / "demo.png", dpi=120)
     plt.close(fig)
     rates = {name: r["tasks"] for name, r in result["tokenizers"].items() if "tasks" in r}
     if rates:
-        evaluate.plot_tasks(rates, out_dir / "demo_tasks.png", title=f"{result['task']}: success per task and tokenizer")
+        n = len(next(iter(rates.values())))
+        evaluate.plot_tasks(rates, out_dir / "demo_tasks.png", title=f"{n} tasks, one policy per tokenizer: success per task")
 
 
 def add_cli(subparsers) -> None:
