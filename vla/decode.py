@@ -216,6 +216,17 @@ def _intra_op_threads(n: int | None):
         torch.set_num_threads(before)
 
 
+NONFINITE_ERROR = "the model's logits were NaN or inf (its weights diverged?); these ids mean nothing"
+
+
+def _allowed(logits: torch.Tensor, vc, states, vocab: VocabMap) -> torch.Tensor:
+    """``[B, V]`` logits with what may not come next at -inf: the constraint's mask per row, or (unconstrained) only
+    the image placeholder."""
+    if vc is not None:
+        return logits.masked_fill(~vc.masks(states).to(logits.device), float("-inf"))
+    return logits.index_fill(-1, torch.tensor([vocab.text.image_id], device=logits.device), float("-inf"))
+
+
 def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator, lean):
     """``generate`` after its checks: prefill, then one token per step (lean, transformers' cache, or recomputed)."""
     device = model.device
@@ -243,11 +254,7 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
         nonfinite = torch.zeros(b, dtype=torch.bool, device=device)  # rows whose logits held NaN/inf: never valid
         for step in range(max_new_tokens):
             nonfinite |= ~torch.isfinite(logits).all(dim=-1) & ~finished  # on the device: no sync per step
-            if vc is not None:
-                logits = logits.masked_fill(~vc.masks(states).to(device), float("-inf"))
-            else:
-                logits[:, vocab.text.image_id] = float("-inf")
-            token = sample(logits, temperature, top_p, generator)  # [B]
+            token = sample(_allowed(logits, vc, states, vocab), temperature, top_p, generator)  # [B]
             token = token.masked_fill(finished, pad)
             tokens[:, step] = token
             steps = step + 1
@@ -303,13 +310,7 @@ def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, gener
     states = [vc.start() for _ in range(b)] if vc is not None else None
     tokens = torch.empty(b, n, dtype=torch.long, device=device)
     for i in range(n):  # no model call here: each slot's mask follows the ids picked before it
-        step = logits[:, i]
-        if vc is not None:
-            step = step.masked_fill(~vc.masks(states).to(device), float("-inf"))
-        else:
-            step = step.clone()
-            step[:, vocab.text.image_id] = float("-inf")
-        tokens[:, i] = sample(step, temperature, top_p, generator)
+        tokens[:, i] = sample(_allowed(logits[:, i], vc, states, vocab), temperature, top_p, generator)
         if vc is not None:
             vc.advance_batch(states, tokens[:, i], range(b))
     tokens = tokens.cpu()
@@ -318,7 +319,7 @@ def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, gener
     for r, row in enumerate(vocab.vocab_to_action(tokens).tolist()):
         error = None
         if nonfinite[r]:
-            error = "the model's logits were NaN or inf (its weights diverged?); these ids mean nothing"
+            error = NONFINITE_ERROR
         elif any(a < 0 for a in row):
             k = next(k for k, a in enumerate(row) if a < 0)
             error = f"slot {k} holds the non-action id {int(tokens[r, k])}"
@@ -343,7 +344,7 @@ def _collect(
         actions = vocab.vocab_to_action(body)
         error = None
         if nonfinite is not None and nonfinite[i]:
-            error = "the model's logits were NaN or inf (its weights diverged?); these ids mean nothing"
+            error = NONFINITE_ERROR
         elif not finished[i]:
             error = f"no '|' or EOS within {steps} generated tokens"
         elif (actions < 0).any():

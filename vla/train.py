@@ -143,23 +143,26 @@ def _one_thread(_: int) -> None:
     torch.set_num_threads(1)  # a worker tokenises one batch at a time; threads would fight the main process
 
 
+def copy_ema(model: torch.nn.Module, ema: dict[str, torch.Tensor]) -> None:
+    """Load the EMA weights into ``model`` (the weights the saved policy carries)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in ema:
+                p.copy_(ema[name])
+
+
 @contextlib.contextmanager
 def ema_weights(model: torch.nn.Module, ema: dict[str, torch.Tensor] | None):
-    """The EMA weights in ``model`` for the block (what the saved policy carries); its own weights restored after."""
+    """The EMA weights in ``model`` for the block; its own weights restored after."""
     if ema is None:
         yield
         return
-    params = {n: p for n, p in model.named_parameters() if n in ema}
-    own = {n: p.detach().clone() for n, p in params.items()}
-    with torch.no_grad():
-        for n, p in params.items():
-            p.copy_(ema[n])
+    own = {n: p.detach().clone() for n, p in model.named_parameters() if n in ema}
+    copy_ema(model, ema)
     try:
         yield
     finally:
-        with torch.no_grad():
-            for n, p in params.items():
-                p.copy_(own[n])
+        copy_ema(model, own)
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -308,10 +311,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     final = accelerator.unwrap_model(policy)
     if accelerator.is_main_process:
         if ema is not None:  # the policy people use carries the EMA weights
-            with torch.no_grad():
-                for name, p in final.named_parameters():
-                    if name in ema:
-                        p.copy_(ema[name])
+            copy_ema(final, ema)
         final.save_pretrained(run / "policy")
         plot_loss(metrics_file, run / "loss.png")
         if heldout is not None:  # the offline report, on more held-out chunks, of the policy as saved
@@ -319,9 +319,10 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             report = Heldout.build(info, heldout_eps, train_eps, final.config, cfg.report_chunks).report(
                 final, dataset=str(info.root), steps=step, final_train_loss=losses[-1] if losses else None)
             write_report(report, run)
-            print(f"held-out RMSE {report['policy']['rmse']:.4f} (mean action {report['baselines']['mean_action']['rmse']:.4f}, "
-                  f"hold state {'n/a' if report['beats_hold_state'] is None else format(report['baselines']['hold_state']['rmse'], '.4f')}); "
-                  f"report in {run / 'offline_report.md'}")  # fmt: skip
+            base = report["baselines"]
+            hold = "n/a" if base["hold_state"] is None else f"{base['hold_state']['rmse']:.4f}"
+            print(f"held-out RMSE {report['policy']['rmse']:.4f} (mean action {base['mean_action']['rmse']:.4f}, "
+                  f"hold state {hold}); report in {run / 'offline_report.md'}")  # fmt: skip
     if not losses and metrics_file.is_file():  # resumed at the final step (a kill during the final save): no step ran
         rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
         losses = [rows[-1]["loss"]] if rows else []

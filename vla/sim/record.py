@@ -117,7 +117,8 @@ def record(
         summary = _record_into(
             tmp,
             spec=env_name,
-            envs=[(name, env_for) for name in names],
+            names=names,
+            env_for=env_for,
             expert_for=lambda name: NoisyExpert(make_expert(name), action_noise),
             episodes=episodes,
             seed=seed,
@@ -135,7 +136,8 @@ def _record_into(
     out: Path,
     *,
     spec: str,
-    envs: list[tuple[str, Callable[[str], Env]]],
+    names: list[str],
+    env_for: Callable[[str], Env],
     expert_for: Callable[[str], NoisyExpert],
     episodes: int,
     seed: int,
@@ -158,10 +160,10 @@ def _record_into(
         stack.enter_context(SuppressProgressBars())  # the `datasets` library draws a bar per saved episode
         dataset = None
         bar = stack.enter_context(
-            tqdm(total=episodes * len(envs), desc=f"record {spec}", unit="ep", disable=not progress)
+            tqdm(total=episodes * len(names), desc=f"record {spec}", unit="ep", disable=not progress)
         )
-        for name, make in envs:
-            env = make(name)
+        for name in names:
+            env = env_for(name)
             with contextlib.closing(env):
                 if first is None:
                     first = env
@@ -192,7 +194,7 @@ def _record_into(
     summary = {
         "env": family,
         "task": task,  # the spec's task part: "push-v3", "mt10", "drawer-open-v3,drawer-close-v3"
-        "task_text": first.task_text if len(envs) == 1 else None,
+        "task_text": first.task_text if len(names) == 1 else None,
         "episodes_per_task": episodes,
         "episodes": len(all_kept),
         "frames": int(sum(r.length for r in all_kept)),
