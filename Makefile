@@ -19,12 +19,15 @@ $(PYTHON):
 
 # openpi-client (openpi's own robot client, which the serving tests drive `vla serve` with) is installed without its
 # dependencies: its numpy<2 pin conflicts with lerobot's numpy>=2, and it runs on numpy 2.
+# gym-aloha is installed without its dependencies too (dm-control<1.1 and mujoco<3.9 conflict with our mujoco 3.16):
+# only its MJCF models and meshes are used (vla/sim/aloha_env.py loads them with mujoco), never its code.
 # plugin/ is the LeRobot plugin (a distribution named lerobot_policy_vla), so that the stock lerobot-train/-eval/-record
 # find --policy.type=vla.
 $(STAMP): $(PYTHON) pyproject.toml plugin/pyproject.toml
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -e '.[test]'
 	$(PYTHON) -m pip install --quiet --no-deps 'openpi-client==0.1.2'
+	$(PYTHON) -m pip install --quiet --no-deps 'gym-aloha==0.1.5'
 	$(PYTHON) -m pip install --quiet --no-deps -e plugin
 	touch $(STAMP)
 

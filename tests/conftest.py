@@ -42,7 +42,8 @@ def tiny_image_dataset_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vla.sim.record import record
 
     root = tmp_path_factory.mktemp("datasets") / "push_tiny_images"
-    record("metaworld/push-v3", TINY_IMAGE_EPISODES, root, images=True, image_size=TINY_IMAGE_SIZE, progress=False)
+    record("metaworld/push-v3", TINY_IMAGE_EPISODES, root, images=True, image_size=TINY_IMAGE_SIZE, image_format="png",
+           progress=False)  # fmt: skip
     return root
 
 

@@ -81,6 +81,7 @@ def test_config_is_registered_and_carries_what_lerobot_needs():
         ({"action_norm_mode": "quantiles"}, "action_norm_mode"),
         ({"state_encoding": "continuous"}, "state_encoding = 'continuous' is invalid: use one of text, embedding"),
         ({"state_tokens": 0}, "state_tokens = 0"),
+        ({"image_shift": -1}, "image_shift = -1"),
     ],
 )
 def test_config_errors_name_the_value_and_the_fix(options, message):
@@ -117,19 +118,39 @@ def test_packed_batch_from_the_collate_gives_the_raw_batchs_loss():
     policy = make_policy(cameras=(CAM,)).eval()
     batch = make_batch(cameras=(CAM,))
     samples = [{k: v[i] for k, v in batch.items()} for i in range(3)]
+    torch.manual_seed(0)  # the same random shifts of the images (ShiftImages) on both paths
     packed = Collate(policy.pipeline.training)(samples)
     assert set(packed) >= {"sequence", "images", "tokens_per_chunk", "action_pad_fraction"}
+    torch.manual_seed(0)
     torch.testing.assert_close(policy.forward(packed)[0], policy.forward(batch)[0])
+    assert "ShiftImages" not in [type(step).__name__ for step in policy.pipeline.measuring]
 
 
 def test_step_through_yields_every_intermediate():
     policy = make_policy()
     steps = list(policy.pipeline.step_through(make_batch(b=2)))
     names = [name for name, _ in steps]
-    assert names == ["CheckBatch", "Normalize", "StackImages", "TokenizeActions", "BuildSequence"]
+    assert names == ["CheckBatch", "Normalize", "StackImages", "ShiftImages", "TokenizeActions", "BuildSequence"]
     normalised = dict(steps)["Normalize"]["action"]
     np.testing.assert_allclose(normalised, policy.action_normalizer.normalize(make_batch(b=2)["action"].double().numpy()))
     assert len(dict(steps)["TokenizeActions"]["action_ids"]) == 2 and "sequence" in steps[-1][1]
+
+
+def test_random_shift_moves_each_image_by_whole_pixels_within_its_pad():
+    from vla.pipeline import IMAGES, ShiftImages
+
+    torch.manual_seed(0)
+    images = torch.rand(8, 2, 3, 12, 12)  # [B, N, 3, S, S]
+    assert ShiftImages(0)({IMAGES: images})[IMAGES] is images
+    shifted = ShiftImages(2)({IMAGES: images})[IMAGES]
+    assert shifted.shape == images.shape
+    padded = torch.nn.functional.pad(images.reshape(16, 3, 12, 12), (2,) * 4, mode="replicate")
+    offsets = []
+    for i, image in enumerate(shifted.reshape(16, 3, 12, 12)):  # each one is a crop of its own padded image
+        found = [(y, x) for y in range(5) for x in range(5) if torch.equal(padded[i, :, y : y + 12, x : x + 12], image)]
+        assert found, f"image {i} is not a whole-pixel shift of its original"
+        offsets.append(found[0])
+    assert len(set(offsets)) > 1  # drawn per image, not one shift for the batch
 
 
 def test_predict_and_the_action_queue():

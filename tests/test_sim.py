@@ -72,6 +72,21 @@ def test_images_render_as_float_chw_and_features_describe_them():
         make_env(PUSH, image_keys=["observation.images.cornr2"])
 
 
+def test_proprio_observation_hides_objects_and_our_workspace_camera_renders():
+    key = "observation.images.workspace"
+    with make_env(PUSH, image_keys=[key], image_size=32, observation="proprio") as env:
+        obs = env.reset(3)
+        assert env.features["observation.state"]["names"] == ["hand_x", "hand_y", "hand_z", "gripper_opening"]
+        assert obs["observation.state"].shape == (4,) and obs["expert_state"].shape == (39,)
+        np.testing.assert_array_equal(obs["observation.state"], obs["expert_state"][:4])
+        assert obs[key].shape == (3, 32, 32) and obs[key].std() > 0.01
+        first = obs[key]
+        expert = make_expert(PUSH)
+        for _ in range(20):  # the expert still reads the whole observation and moves the hand: the image changes
+            obs, *_ = env.step(expert(obs)[0])
+        assert np.abs(obs[key] - first).max() > 0.1
+
+
 def test_expert_through_rollout_succeeds_on_eval_seeds():
     report = episodes(make_expert(PUSH), PUSH, 3)
     assert report["seeds"] == [EVAL_SEED_START, EVAL_SEED_START + 1, EVAL_SEED_START + 2]

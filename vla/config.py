@@ -130,6 +130,8 @@ def resolve_action_state(policy: VLAConfig, info: DatasetInfo) -> VLAConfig:
     """``policy`` with ``action_state_dims`` and ``relative_actions`` fixed from the dataset: the state dimension of
     each action dimension (by feature name, else one to one when the dims are equal; None when neither matches), and
     ``"auto"`` turned into its mask (every dimension but those named *gripper*)."""
+    if policy.state_dim == 0 or info.state_dim is None:  # no state: nothing to match the actions to
+        return dataclasses.replace(policy, action_state_dims=None)
     state_names = data._flat_names(info.features.get(OBS_STATE, {}).get("names"))
     dims = policy.action_state_dims
     if dims is None and info.action_names and state_names and set(info.action_names) <= set(state_names):

@@ -11,7 +11,7 @@ Everything reads a local dataset folder (``root``, the one holding ``meta/`` and
 
 The sample contract (one frame, unbatched; a DataLoader adds the batch dimension):
 
-    "observation.state"            float32 [S]
+    "observation.state"            float32 [S]      (absent when the dataset has no state: an image-only policy)
     "observation.images.<camera>"  float32 [3, H, W] in [0, 1]   one per camera kept (none for state-only data)
     "task"                         str
     "action"                       float32 [T, D]   actions t .. t+T-1 of the frame's episode
@@ -20,7 +20,11 @@ The sample contract (one frame, unbatched; a DataLoader adds the batch dimension
 Past an episode's end, LeRobot (``delta_timestamps``) repeats the episode's last action and flags it in
 ``action_is_pad``; ``action_chunks`` does exactly the same, so both paths give identical chunks.
 Every function takes a dataset folder or the ``DatasetInfo`` read from it (``meta/`` read once). This module
-reads parquet with pyarrow; ``vla.dataset`` serves samples (through LeRobot when images are needed).
+reads parquet with pyarrow; ``vla.dataset`` serves samples (through LeRobot, or decoded once into memory).
+
+Cameras are stored as LeRobot stores them: ``"video"`` features (one MP4 per camera per file of episodes, LeRobot's
+default, AV1) or ``"image"`` features (PNG frames inside the parquet rows: exact pixels). ``check_videos`` finds
+the video files a dataset's episode table names but the folder lacks.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class DatasetInfo:
     tasks: list[str]  # by task_index
     robot_type: str | None = None
     recording: dict | None = field(default=None, repr=False)  # meta/recording.json from vla.sim.record
+    video_path: str | None = None  # meta/info.json's template of a video file's path (None: no videos)
 
     @property
     def num_episodes(self) -> int:
@@ -73,6 +78,23 @@ class DatasetInfo:
     def num_frames(self) -> int:
         return int(self.episode_lengths.sum())
 
+    def camera_shape(self, key: str) -> tuple[int, int]:
+        """A camera's stored (height, width) in pixels."""
+        feature = self.features[key]
+        shape, names = list(feature["shape"]), feature.get("names") or []
+        if len(shape) == 3 and names[:1] == ["channels"]:  # LeRobot allows [C, H, W] too
+            return int(shape[1]), int(shape[2])
+        return int(shape[0]), int(shape[1])
+
+    def camera_text(self, key: str) -> str:
+        """``key 64x64 video (av1)`` or ``key 64x64 png``: a camera, its size and how it is stored."""
+        feature = self.features[key]
+        h, w = self.camera_shape(key)
+        if feature["dtype"] == "video":
+            codec = (feature.get("info") or {}).get("video.codec")
+            return f"{key} {h}x{w} video" + (f" ({codec})" if codec else "")
+        return f"{key} {h}x{w} png"
+
     def describe(self) -> str:
         """A few human-readable lines (for the CLI)."""
         lengths = self.episode_lengths
@@ -81,7 +103,7 @@ class DatasetInfo:
             f"  episode length: min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}",
             f"  action: {self.action_dim}-D {self.action_names or ''}".rstrip(),
             f"  state: {self.state_dim}-D" if self.state_dim is not None else "  state: none",
-            f"  cameras: {', '.join(self.camera_keys) or 'none'}",
+            f"  cameras: {', '.join(self.camera_text(k) for k in self.camera_keys) or 'none'}",
             f"  tasks: {'; '.join(self.tasks[:3])}{' ...' if len(self.tasks) > 3 else ''}",
         ]
         if self.recording:
@@ -130,6 +152,7 @@ def dataset_info(root: str | Path) -> DatasetInfo:
         tasks=_read_tasks(root),
         robot_type=info.get("robot_type"),
         recording=read_json(root / RECORDING_FILE, "recording") if (root / RECORDING_FILE).is_file() else None,
+        video_path=info.get("video_path"),
     )
 
 
@@ -214,6 +237,71 @@ def check_values(root: str | Path | DatasetInfo) -> dict[str, str]:
     info = as_info(root)
     features = [f for f in (ACTION, OBS_STATE) if f in info.features]
     return nonfinite(_read_frames(info, info.episode_index.tolist(), features), features)
+
+
+def video_index(root: str | Path | DatasetInfo, key: str) -> dict[str, np.ndarray]:
+    """Where camera ``key``'s frames of each episode live, from the episode table: ``episode_index`` int64 [E],
+    ``path`` [E] (the MP4 file, under the dataset's folder) and ``from_timestamp`` float64 [E] (the episode's first
+    frame's time in that file), in episode order. ``key`` must be a video feature."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    info = as_info(root)
+    if info.features.get(key, {}).get("dtype") != "video":
+        videos = ", ".join(video_keys(info)) or "none"
+        raise ValueError(f"{key!r} is not a video feature of {info.root} (its videos: {videos})")
+    columns = [f"videos/{key}/{name}" for name in ("chunk_index", "file_index", "from_timestamp")]
+    files = sorted((info.root / "meta" / "episodes").glob("*/*.parquet"))
+    try:
+        table = pa.concat_tables(pq.read_table(f, columns=["episode_index", *columns]) for f in files)
+    except (KeyError, pa.ArrowInvalid) as err:
+        raise ValueError(f"{info.root}'s episode table has no video columns for {key} ({err}); the dataset's meta/ "
+                         "is incomplete: copy or record it again") from None  # fmt: skip
+    order = np.argsort(table.column("episode_index").to_numpy())
+    chunk, file, start = (table.column(c).to_numpy()[order] for c in columns)
+    template = info.video_path or "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+    paths = [info.root / template.format(video_key=key, chunk_index=int(c), file_index=int(f))
+             for c, f in zip(chunk, file)]  # fmt: skip
+    return {"episode_index": table.column("episode_index").to_numpy()[order].astype(np.int64),
+            "path": np.array(paths, dtype=object), "from_timestamp": start.astype(np.float64)}  # fmt: skip
+
+
+def video_keys(root: str | Path | DatasetInfo) -> list[str]:
+    """The cameras stored as video (the rest of ``camera_keys`` are PNG frames in the parquet rows)."""
+    info = as_info(root)
+    return [k for k in info.camera_keys if info.features[k]["dtype"] == "video"]
+
+
+def check_videos(
+    root: str | Path | DatasetInfo, keys: list[str] | None = None, episodes: list[int] | None = None
+) -> None:
+    """A ``ValueError`` naming the first missing video file (and how many are missing) among the cameras ``keys``
+    (None: every video camera) of ``episodes`` (None: all); nothing when every file is there. Reads ``meta/`` only."""
+    info = as_info(root)
+    chosen = set(_check_episodes(info, episodes))
+    for key in [k for k in (info.camera_keys if keys is None else keys) if k in video_keys(info)]:
+        index = video_index(info, key)
+        wanted = dict.fromkeys(p for e, p in zip(index["episode_index"], index["path"]) if int(e) in chosen)
+        missing = [p for p in wanted if not p.is_file()]
+        if missing:
+            episodes_in = [int(e) for e, p in zip(index["episode_index"], index["path"]) if p == missing[0]]
+            raise ValueError(
+                f"{info.root} lacks the video file {missing[0].relative_to(info.root)} of camera {key} (episodes "
+                f"{_ranges(episodes_in)}; {len(missing)} of its {len(wanted)} files are missing). Copy the dataset's "
+                "videos/ folder again (or record it again); to train without this camera, leave it out of image_keys "
+                "(without any camera: image_keys=[] and backend='memory' read actions and state only)"
+            )
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, ids = [], sorted(ids)
+    for i in ids:
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
 
 
 def split_episodes(
@@ -377,11 +465,13 @@ def _read_tasks(root: Path) -> list[str]:
     return [str(task) for task in frame.sort_values("task_index").index]
 
 
-def _read_frames(info: DatasetInfo, episodes: list[int], vectors: list[str]) -> dict[str, np.ndarray]:
-    """The chosen episodes' frames in dataset order: each feature in ``vectors`` as numpy [F, dim],
-    plus ``episode_index``, ``task_index`` (when present) [F], and per frame the position of its
-    episode's first frame (``episode_start``), one past its last (``episode_end``) and
-    ``frame_in_episode``, all [F]."""
+def _read_frames(
+    info: DatasetInfo, episodes: list[int], vectors: list[str], columns: tuple[str, ...] = ()
+) -> dict[str, np.ndarray]:
+    """The chosen episodes' frames in dataset order: each feature in ``vectors`` as numpy [F, dim], each of
+    ``columns`` as it is stored ([F]: a PNG camera's rows are ``{"bytes", "path"}`` dicts), plus ``episode_index``,
+    ``task_index`` (when present) [F], and per frame the position of its episode's first frame (``episode_start``),
+    one past its last (``episode_end``) and ``frame_in_episode``, all [F]."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -389,12 +479,14 @@ def _read_frames(info: DatasetInfo, episodes: list[int], vectors: list[str]) -> 
     scalars = ["index", "episode_index"] + (["task_index"] if "task_index" in info.features else [])
     tables = []
     for path in sorted((info.root / "data").glob("*/*.parquet")):
-        table = pq.read_table(path, columns=vectors + scalars)
+        table = pq.read_table(path, columns=vectors + scalars + list(columns))
         keep = pc.is_in(table.column("episode_index"), value_set=pa.array(episodes, pa.int64()))
         tables.append(table.filter(keep))
     table = pa.concat_tables(tables)
     order = np.argsort(table.column("index").to_numpy(), kind="stable")  # dataset order, whatever the files
     frames = {name: table.column(name).to_numpy()[order] for name in scalars}
+    for name in columns:
+        frames[name] = table.column(name).to_numpy(zero_copy_only=False)[order]
     for name in vectors:
         dim = int(np.prod(info.features[name]["shape"]))
         frames[name] = _fixed_size_column(table.column(name).combine_chunks(), dim, name)[order]

@@ -1,18 +1,28 @@
 """Samples with action chunks for training: a torch ``Dataset`` over a LeRobot v3.0 dataset (the sample contract in
-``vla.data``'s docstring), read through LeRobot (images, videos) or from memory (state and actions only).
+``vla.data``'s docstring), read through LeRobot or from memory.
 
     ds = ActionChunkDataset(info, 10, episodes=train_eps, image_keys=[])   # a torch.utils.data.Dataset
     sample = ds[0]      # {"observation.state": [S], "task": str, "action": [T, D], "action_is_pad": [T]}
+    ds = ActionChunkDataset(info, 10, image_size=64, backend="auto")      # cameras decoded once if they fit
+
+``backend="memory"`` decodes every camera frame once, at construction (PNG frames from the parquet rows, videos with
+LeRobot's own PyAV decoder), optionally resized to ``image_size``, and keeps them as uint8 ``[N, 3, H, W]``: no
+per-sample I/O afterwards. ``backend="lerobot"`` reads every sample through ``LeRobotDataset``. ``"auto"`` takes
+memory when the decoded frames fit ``MEMORY_BUDGET`` bytes, else LeRobot (``choose_backend`` says why).
+
+Videos are decoded with PyAV (``VIDEO_BACKEND``) on both backends: LeRobot's other decoder, torchcodec, needs
+FFmpeg's shared libraries, which many machines lack (its import fails), and one decoder gives both backends the same
+pixels.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-
 from lerobot.utils.constants import ACTION, OBS_STATE
 
 from vla.data import (
@@ -23,7 +33,15 @@ from vla.data import (
     _chunks_at,
     _read_frames,
     as_info,
+    check_videos,
+    video_index,
+    video_keys,
 )
+
+BACKENDS = ("lerobot", "memory", "auto")
+MEMORY_BUDGET = 2 * 1024**3  # bytes of decoded uint8 frames "auto" keeps in memory
+VIDEO_BACKEND = "pyav"  # LeRobot's PyAV decoder (see the module docstring)
+TOLERANCE_S = 1e-4  # LeRobot's default: a frame's timestamp may be this far from the one asked for
 
 
 def open_dataset(
@@ -44,26 +62,20 @@ def open_dataset(
     selected = _check_episodes(info, episodes)
     _check_time_horizon(info, time_horizon, selected)
     keep = _check_image_keys(info, image_keys)
+    # LeRobot opens a dataset only with every video file of the episodes asked for (it would try to download them).
+    check_videos(info, None, selected)
 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # slow import: only when sampling
 
-    videos = [k for k in info.camera_keys if info.features[k]["dtype"] == "video"]
-    missing = [k for k in videos if not any((info.root / "videos" / k).glob("*/*.mp4"))]
-    if missing:  # LeRobot would try to download them
-        raise ValueError(
-            f"{info.root} declares video features {missing} but holds no video files for them, and LeRobot "
-            "opens a dataset only with all its videos. Without images, action_chunks() and "
-            "ActionChunkDataset(..., image_keys=[], backend='memory') read actions and state."
-        )
+    videos = video_keys(info)
     dropped = [k for k in info.camera_keys if k not in keep]
     dataset = LeRobotDataset(
         repo_id=f"local/{info.root.name}",  # never contacted: root holds the files
         root=info.root,
         episodes=None if episodes is None else selected,
         delta_timestamps={ACTION: [k / info.fps for k in range(time_horizon)]},
-        # With no video to decode, naming a backend skips LeRobot's probe of torchcodec (which prints
-        # a traceback where FFmpeg's shared libraries are missing).
-        video_backend=None if any(k in keep for k in videos) else "pyav",
+        tolerance_s=TOLERANCE_S,
+        video_backend=VIDEO_BACKEND,  # also skips LeRobot's probe of torchcodec (a traceback where it cannot load)
     )
     # LeRobot decodes every camera it knows of. Cameras stored as images live in the parquet rows: drop
     # their columns. For every dropped camera, forget its feature (in memory) so no video is decoded.
@@ -75,14 +87,50 @@ def open_dataset(
     return dataset
 
 
+def frame_bytes(
+    root: str | Path | DatasetInfo,
+    image_keys: list[str],
+    image_size: int | None = None,
+    episodes: list[int] | None = None,
+) -> int:
+    """Bytes of the uint8 frames of ``image_keys`` over ``episodes`` (None: all), each ``image_size`` square (None:
+    as stored): what ``backend="memory"`` holds."""
+    info = as_info(root)
+    image_keys = _check_image_keys(info, image_keys)
+    frames = int(info.episode_lengths[np.isin(info.episode_index, _check_episodes(info, episodes))].sum())
+    pixels = sum(image_size**2 if image_size else int(np.prod(info.camera_shape(k))) for k in image_keys)
+    return frames * pixels * 3
+
+
+def choose_backend(
+    root: str | Path | DatasetInfo,
+    image_keys: list[str],
+    image_size: int | None = None,
+    episodes: list[int] | None = None,
+    budget: int = MEMORY_BUDGET,
+) -> tuple[str, str]:
+    """``("memory" | "lerobot", why)``: memory when the decoded frames fit ``budget`` bytes (always without cameras)."""
+    if not image_keys:
+        return "memory", "no cameras: actions and state from parquet"
+    need = frame_bytes(root, image_keys, image_size, episodes)
+    verdict = "fit" if need <= budget else "exceed"
+    why = f"{len(image_keys)} camera(s) decoded once: {need / 2**20:.1f} MiB of uint8 frames {verdict} the " \
+          f"{budget / 2**30:.1f} GiB budget"  # fmt: skip
+    return ("memory" if need <= budget else "lerobot"), why
+
+
 class ActionChunkDataset(torch.utils.data.Dataset):
     """Samples with action chunks (the contract in this module's docstring); a map-style torch Dataset.
 
     ``backend="lerobot"`` (default) reads through ``open_dataset``: LeRobot does the reading, clamping and
     padding (and decodes images); this class only renames and converts types. ``backend="memory"`` holds
-    state, actions and tasks as arrays and builds the same samples with no per-sample I/O (23 us against
-    3.7 ms a sample on a 2-core machine); it serves no images, so it needs ``image_keys=[]`` or a dataset without cameras.
-    Both need ``observation.state``; the tests check they give identical samples.
+    state, actions, tasks and the decoded camera frames as arrays and builds the same samples with no per-sample I/O
+    (23 us against 3.7 ms a sample without cameras; 55 us against 8.0 ms from PNG and 5.6 ms from video with one
+    64 px camera, on a loaded 2-core machine: results/bench_video.json); ``"auto"`` picks one (``choose_backend``;
+    ``backend_reason`` says why). ``image_size`` resizes each camera to a square of that side (what the policy reads;
+    None keeps the stored size): the memory backend resizes once and stores uint8, so its resized frames are within
+    half a grey level of the LeRobot backend's (identical at the stored size). A dataset without
+    ``observation.state`` gives samples without it (an image-only policy). The tests check both give the same samples.
     """
 
     def __init__(
@@ -92,32 +140,36 @@ class ActionChunkDataset(torch.utils.data.Dataset):
         *,
         episodes: list[int] | None = None,
         image_keys: list[str] | None = None,
+        image_size: int | None = None,
         backend: str = "lerobot",
+        progress: bool = True,
     ):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+        if image_size is not None and image_size < 1:
+            raise ValueError(f"image_size is a positive number of pixels or None (as stored), got {image_size}")
         self.info = as_info(root)
-        if self.info.state_dim is None:
-            raise ValueError(
-                f"{self.info.root} has no '{OBS_STATE}' feature (it has {sorted(self.info.features)}); "
-                "the policy's prefix needs the robot state"
-            )
         self.time_horizon = time_horizon
         self.image_keys = _check_image_keys(self.info, image_keys)
+        self.image_size = image_size
+        selected = _check_episodes(self.info, episodes)
+        _check_time_horizon(self.info, time_horizon, selected)
+        self.backend_reason = f"backend={backend!r} asked for"
+        if backend == "auto":
+            backend, self.backend_reason = choose_backend(self.info, self.image_keys, image_size, selected)
         self.backend = backend
+        self._state = self.info.state_dim is not None
         if backend == "lerobot":
             self.lerobot = open_dataset(self.info, time_horizon, episodes=episodes, image_keys=self.image_keys)
             self._length = len(self.lerobot)
-        elif backend == "memory":
-            if self.image_keys:
-                raise ValueError(
-                    f"backend='memory' serves no images; pass image_keys=[] (cameras: {self.image_keys}) "
-                    "or use backend='lerobot'"
-                )
-            selected = _check_episodes(self.info, episodes)
-            _check_time_horizon(self.info, time_horizon, selected)
-            self._frames = _read_frames(self.info, selected, [OBS_STATE, ACTION])
-            self._length = len(self._frames["index"])
         else:
-            raise ValueError(f"backend must be 'lerobot' or 'memory', got {backend!r}")
+            check_videos(self.info, self.image_keys, selected)  # before any decoding: nothing done in vain
+            vectors = [OBS_STATE, ACTION] if self._state else [ACTION]
+            videos = [k for k in self.image_keys if k in video_keys(self.info)]
+            columns = (("timestamp",) if videos else ()) + tuple(k for k in self.image_keys if k not in videos)
+            self._frames = _read_frames(self.info, selected, vectors, columns)
+            self._length = len(self._frames["index"])
+            self._images = {key: self._decode(key, progress) for key in self.image_keys}  # uint8 [N, 3, H, W]
 
     def __len__(self) -> int:
         return self._length
@@ -127,13 +179,14 @@ class ActionChunkDataset(torch.utils.data.Dataset):
             return self._memory_sample(int(i))
         item = self.lerobot[i]
         sample = {
-            OBS_STATE: item[OBS_STATE].float().reshape(-1),  # [S]
             "task": item["task"],
             ACTION: item[ACTION].float(),  # [T, D]
             f"{ACTION}_is_pad": item[f"{ACTION}_is_pad"].bool(),  # [T]
         }
+        if self._state:
+            sample[OBS_STATE] = item[OBS_STATE].float().reshape(-1)  # [S]
         for key in self.image_keys:
-            sample[key] = item[key].float()  # [3, H, W] in [0, 1]
+            sample[key] = _resized(item[key].float(), key, self.image_size)  # [3, H, W] in [0, 1]
         return sample
 
     def _memory_sample(self, i: int) -> dict[str, Any]:
@@ -142,9 +195,81 @@ class ActionChunkDataset(torch.utils.data.Dataset):
         i %= self._length
         chunk, is_pad = _chunks_at(self._frames, np.array([i]), self.time_horizon)
         task_index = self._frames.get("task_index")
-        return {
-            OBS_STATE: torch.from_numpy(self._frames[OBS_STATE][i].astype(np.float32)),  # [S]
+        sample = {
             "task": self.info.tasks[int(task_index[i])] if task_index is not None else "",
             ACTION: torch.from_numpy(chunk[0]),  # [T, D]
             f"{ACTION}_is_pad": torch.from_numpy(is_pad[0]),  # [T]
         }
+        if self._state:
+            sample[OBS_STATE] = torch.from_numpy(self._frames[OBS_STATE][i].astype(np.float32))  # [S]
+        for key, frames in self._images.items():
+            sample[key] = frames[i].float() / 255  # [3, H, W] in [0, 1], LeRobot's conversion
+        return sample
+
+    # --- decoding every frame once (the memory backend) ----------------------------------------------------
+    def _decode(self, key: str, progress: bool) -> torch.Tensor:
+        """Camera ``key``'s frames in sample order, uint8 [N, 3, H, W] (resized to ``image_size`` when set)."""
+        from tqdm.auto import tqdm
+
+        h, w = self.info.camera_shape(key)
+        size = (self.image_size, self.image_size) if self.image_size else (h, w)
+        out = torch.empty((self._length, 3, *size), dtype=torch.uint8)
+        starts = np.flatnonzero(self._frames["frame_in_episode"] == 0)  # [E] each episode's first row
+        video = key in video_keys(self.info)
+        where = _episode_videos(self.info, key) if video else None
+        for start in tqdm(starts, desc=f"decode {key.rsplit('.', 1)[-1]}", unit="ep", disable=not progress,
+                          leave=False):  # fmt: skip
+            rows = slice(int(start), int(self._frames["episode_end"][start]))
+            if video:
+                path, offset = where[int(self._frames["episode_index"][start])]
+                frames = _video_frames(path, offset + self._frames["timestamp"][rows].astype(np.float64))
+            else:
+                frames = torch.from_numpy(np.stack([_png(cell, key) for cell in self._frames[key][rows]]))
+                frames = frames.permute(0, 3, 1, 2)  # [n, H, W, 3] -> [n, 3, H, W]
+            if frames.shape[-2:] != (h, w):
+                raise ValueError(f"{self.info.root}: camera {key} holds {tuple(frames.shape[-2:])} frames but "
+                                 f"meta/info.json says {h}x{w}; the dataset is inconsistent")  # fmt: skip
+            out[rows] = frames if size == (h, w) else _to_uint8(_resized(frames.float() / 255, key, self.image_size))
+        self._frames.pop(key, None)  # the PNG bytes are no longer needed
+        return out
+
+
+def _resized(image: torch.Tensor, key: str, size: int | None) -> torch.Tensor:
+    """float ``[3, H, W]`` or ``[n, 3, H, W]`` -> the same at ``size`` x ``size`` (the pipeline's own resize)."""
+    if size is None or image.shape[-2:] == (size, size):
+        return image
+    from vla.pipeline import camera_image
+
+    batch = image if image.ndim == 4 else image[None]
+    out = camera_image(batch, key, len(batch), size)
+    return out if image.ndim == 4 else out[0]
+
+
+def _to_uint8(image: torch.Tensor) -> torch.Tensor:
+    return (image * 255).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _png(cell: Any, key: str) -> np.ndarray:
+    """A PNG camera's parquet cell (``{"bytes", "path"}``) -> uint8 [H, W, 3]."""
+    from PIL import Image
+
+    data = cell.get("bytes") if isinstance(cell, dict) else None
+    if data is None:
+        raise ValueError(f"camera {key} has a frame without embedded PNG bytes ({cell!r}); LeRobot v3.0 datasets "
+                         "embed their frames: convert or record the dataset again")  # fmt: skip
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def _episode_videos(info: DatasetInfo, key: str) -> dict[int, tuple[Path, float]]:
+    """episode id -> (its video file for camera ``key``, its first frame's time in that file)."""
+    index = video_index(info, key)
+    return {int(e): (p, float(t)) for e, p, t in zip(index["episode_index"], index["path"], index["from_timestamp"])}
+
+
+def _video_frames(path: Path, timestamps: np.ndarray) -> torch.Tensor:
+    """The frames at ``timestamps`` (seconds into ``path``), uint8 [n, 3, H, W], by LeRobot's own decoder: the frames
+    the LeRobot backend returns."""
+    from lerobot.datasets.video_utils import decode_video_frames
+
+    return decode_video_frames(path, timestamps.tolist(), TOLERANCE_S, VIDEO_BACKEND, return_uint8=True)

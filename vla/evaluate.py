@@ -83,6 +83,34 @@ class ChunkPolicy:
 
 
 
+def recorded_env_options(policy_dir: str | Path) -> dict[str, Any] | None:
+    """The simulator options the policy's training data was recorded with (``meta/recording.json`` of the dataset in
+    the run's ``train_config.json``), so that ``vla eval`` gives the policy the observation it was trained on; None
+    when the run, its dataset or the recording cannot be found (a dataset moved, or not recorded by ``vla``)."""
+    from vla.sim.record import read_recording
+
+    try:
+        train_config = json.loads((Path(policy_dir).parent / "train_config.json").read_text())
+        recording = read_recording(train_config["dataset_root"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    options = (recording or {}).get("env_options")
+    return dict(options) if options else None
+
+
+def _check_state_dim(envs: list, state_dim: int | None, env_options: dict[str, Any] | None) -> None:
+    """A policy reads the state it was trained on: a clear error before the first step when the env gives another."""
+    from lerobot.utils.constants import OBS_STATE
+
+    given = envs[0].features.get(OBS_STATE, {}).get("shape", (None,))[0]
+    if state_dim is not None and given is not None and given != state_dim:
+        raise ValueError(
+            f"the policy reads a {state_dim}-D state but {envs[0].name} gives {given} values (observation options "
+            f"{env_options or 'default'}); pass the convention the training data was recorded with, e.g. "
+            "--observation proprio (Meta-World's 4-D hand and gripper) or --observation privileged (the 39-D state)"
+        )
+
+
 def evaluate(
     policy: VLAPolicy | str | Path,
     env_name: str,
@@ -108,6 +136,8 @@ def evaluate(
         if not path.is_dir():
             raise ValueError(f"no policy at {path}; pass the folder a training run wrote (e.g. outputs/train/NAME/policy)")
         policy = VLAPolicy.from_pretrained(path)
+        if env_options is None:
+            env_options = recorded_env_options(path)
     config = policy.config
     if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
         raise ValueError(f"n_action_steps {n_action_steps} is outside the policy's chunk: use 1..{config.time_horizon} "
@@ -132,6 +162,7 @@ def evaluate(
     per_task = max(1, min(num_envs // len(names), episodes))
     envs = [make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps, **(env_options or {}))
             for name in names for _ in range(per_task)]  # fmt: skip
+    _check_state_dim(envs, config.state_dim, env_options)
     on_step = None
     if record_frames:
 
@@ -251,9 +282,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--n-action-steps", type=int, default=None, help="actions run per chunk (default: the policy's)")
     p.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the simulator's)")
     p.add_argument("--num-envs", type=int, default=10, help="episodes run at once, their chunks decoded as one batch")
-    p.add_argument("--observation", choices=["privileged", "lerobot"], default=None,
-                   help="Meta-World's observation convention the policy was trained on (vla data record --observation; "
-                   "default: the privileged 39-D state)")
+    p.add_argument("--observation", choices=["privileged", "proprio", "lerobot"], default=None,
+                   help="the observation convention the policy was trained on (vla data record --observation; default: "
+                   "the one in its training data's meta/recording.json, else privileged)")
     p.add_argument("--gif", type=int, default=0, help="save a GIF of this many episodes (policies with a camera)")
     p.add_argument("--out", type=Path, default=None, help="folder for eval_info.json (default: beside the policy)")
     p.set_defaults(func=_run)

@@ -113,7 +113,7 @@ class Heldout:
         for lo in range(0, len(self), BATCH):
             part = {k: v[lo : lo + BATCH] for k, v in self.batch.items()}
             part[ACTION] = torch.as_tensor(self.target[lo : lo + BATCH])
-            b = packed(run(policy.pipeline.training, part))
+            b = packed(run(policy.pipeline.measuring, part))
             images = b[IMAGES].to(policy.model.device) if IMAGES in b else None  # the sequence moves itself
             loss, metrics = policy.model.loss(b[SEQUENCE], images)
             m = len(part[ACTION])

@@ -3,7 +3,7 @@ ids out -> detokenise -> unnormalise. Training, evaluation, comparison and servi
 
 Each step is a small frozen dataclass over a *batch* (a dict, the contract below), returning a new dict:
 
-    "observation.state"            float [B, S]          raw, then normalised by Normalize
+    "observation.state"            float [B, S]          raw, then normalised by Normalize ([B, 0] without state)
     "observation.images.<camera>"  float [B, 3, H, W]    in [0, 1] (uint8 accepted), one per camera
     "task"                         list[str], B          the instruction
     "action"                       float [B, T, D]       raw, then normalised (training), or decoded (outputs)
@@ -54,7 +54,8 @@ class Transform(Protocol):
 @dataclass(frozen=True)
 class CheckBatch:
     """A batch as the pipeline needs it: state float64 [B, S], one task string per row, the cameras, and (in
-    training) action chunks [B, T, D]. Anything else is a clear error here, before any work."""
+    training) action chunks [B, T, D]. Anything else is a clear error here, before any work. ``state_dim=0``: a
+    policy without state (image-only); the state is then ``[B, 0]`` whatever the batch holds."""
 
     state_dim: int
     image_keys: tuple[str, ...]
@@ -65,7 +66,10 @@ class CheckBatch:
     def __call__(self, batch: Batch) -> Batch:
         if not isinstance(batch, dict):
             raise ValueError(f"the batch must be a dict of arrays, got {type(batch).__name__}")
-        state = checked_state(_numpy(batch, OBS_STATE), self.state_dim)
+        if self.state_dim == 0:  # an image-only policy: no state in the prefix (a state given is not read)
+            state = np.zeros((_rows(batch, self.image_keys), 0))
+        else:
+            state = checked_state(_numpy(batch, OBS_STATE), self.state_dim)
         tasks = batch.get("task")
         if tasks is None:
             raise ValueError("the batch lacks 'task' (the instruction, a string per sample); add e.g. batch['task'] = ['push']")
@@ -134,7 +138,8 @@ class Normalize:
 
 @dataclass(frozen=True)
 class StackImages:
-    """The cameras -> ``images`` float [B, N, 3, size, size] in [0, 1] (resized); nothing without cameras."""
+    """The cameras -> ``images`` float [B, N, 3, size, size] in [0, 1], each resized to the policy's square size
+    whatever its own (64x64 and 48x80 cameras stack as two ``size`` squares); nothing without cameras."""
 
     keys: tuple[str, ...]
     size: int
@@ -144,6 +149,25 @@ class StackImages:
             return batch
         b = len(batch[OBS_STATE])
         return {**batch, IMAGES: torch.stack([camera_image(batch[k], k, b, self.size) for k in self.keys], dim=1)}
+
+
+@dataclass(frozen=True)
+class ShiftImages:
+    """Training only: each stacked image moved by a random whole number of pixels, up to ``pad`` each way
+    (edge-padded by ``pad``, then cropped back to its size at a random offset; DrQ's random shift, Kostrikov et al.
+    2020). A camera policy trained on a few thousand frames otherwise memorises pixel positions."""
+
+    pad: int
+
+    def __call__(self, batch: Batch) -> Batch:
+        if self.pad <= 0 or IMAGES not in batch:
+            return batch
+        images = batch[IMAGES]  # [B, N, 3, S, S]
+        b, n, c, h, w = images.shape
+        flat = F.pad(images.reshape(b * n, c, h, w), (self.pad,) * 4, mode="replicate")
+        dy, dx = torch.randint(0, 2 * self.pad + 1, (2, b * n)).tolist()
+        shifted = torch.stack([flat[i, :, y : y + h, x : x + w] for i, (y, x) in enumerate(zip(dy, dx))])
+        return {**batch, IMAGES: shifted.reshape(b, n, c, h, w)}
 
 
 def checked_state(state: np.ndarray, state_dim: int) -> np.ndarray:
@@ -159,6 +183,18 @@ def checked_state(state: np.ndarray, state_dim: int) -> np.ndarray:
         row = int(np.flatnonzero(~np.isfinite(state).all(axis=1))[0])
         raise ValueError(f"batch['{OBS_STATE}'] holds NaN or inf (row {row}); check the robot's state reading")
     return state
+
+
+def _rows(batch: Batch, image_keys: tuple[str, ...]) -> int:
+    """How many observations a batch without state holds: its tasks, else its first camera's batch size."""
+    tasks = batch.get("task")
+    if tasks is not None and not isinstance(tasks, str):
+        return len(tasks)
+    for key in image_keys:
+        if key in batch:
+            shape = tuple(getattr(batch[key], "shape", np.shape(batch[key])))
+            return shape[0] if len(shape) == 4 else 1
+    return 1
 
 
 def camera_image(image: Any, key: str, b: int, size: int | None) -> torch.Tensor:
@@ -275,6 +311,11 @@ class Pipeline:
     prompt: tuple[Transform, ...]
     outputs: tuple[Transform, ...]
 
+    @property
+    def measuring(self) -> tuple[Transform, ...]:
+        """``training`` without its random augmentation: held-out losses are measured on the images as they are."""
+        return tuple(step for step in self.training if not isinstance(step, ShiftImages))
+
     @classmethod
     def build(
         cls,
@@ -288,10 +329,12 @@ class Pipeline:
         action_dim: int,
         image_keys: Sequence[str] = (),
         image_size: int = 0,
+        image_shift: int = 0,
         relative_actions: Sequence[bool] | None = None,
         action_state_dims: Sequence[int] | None = None,
     ) -> Pipeline:
-        """``relative_actions``: a mask per action dimension (None = all absolute); the model then predicts those
+        """``image_shift``: pixels of random shift in training (``ShiftImages``; 0 = none).
+        ``relative_actions``: a mask per action dimension (None = all absolute); the model then predicts those
         dimensions relative to the state's ``action_state_dims``, and the action normaliser must be fitted on them."""
         shapes = (state_dim, tuple(image_keys), time_horizon, action_dim)
         normalize = Normalize(state_normalizer, action_normalizer)
@@ -301,8 +344,8 @@ class Pipeline:
             parts = (tuple(bool(m) for m in relative_actions), tuple(int(i) for i in action_state_dims))
             relative, absolute = (RelativeActions(*parts),), (AbsoluteActions(*parts),)
         return cls(
-            training=(CheckBatch(*shapes, actions=True), *relative, normalize, images, TokenizeActions(tokenizer),
-                      BuildSequence(layout)),
+            training=(CheckBatch(*shapes, actions=True), *relative, normalize, images, ShiftImages(image_shift),
+                      TokenizeActions(tokenizer), BuildSequence(layout)),
             prompt=(CheckBatch(*shapes, actions=False), normalize, images, BuildPrompt(layout)),
             outputs=(DetokenizeActions(tokenizer, time_horizon, action_dim), Unnormalize(action_normalizer), *absolute),
         )

@@ -10,6 +10,8 @@ pi0-FAST's layout (openpi; see REFERENCE.md), one row per sample:
 * ``state_encoding="embedding"`` (a departure from pi0-FAST, for models trained from scratch): the prompt reads
   ``"Task: {task}, State: " <s_1>..<s_k> ";\n"`` where the ``k`` state slots are not ids but embeddings the model
   computes from the normalised state (``vla.model.StateEncoder``); ``Sequence.state_slots`` marks them.
+* Without a state (an image-only policy, ``VLAConfig.state_dim = 0``: states ``[B, 0]``) the prefix is the images
+  and ``BOS "Task: {task};\n"``: no state slot, no state text.
 * The prefix-LM mask (openpi's cumulative-sum trick): every token carries ``ar`` (0 in the prefix, 1 in the suffix)
   and ``valid`` (0 for padding). Query q may attend key k iff both are valid and ``cumsum(ar)[k] <= cumsum(ar)[q]``:
   the prefix (cumsum 0) sees the whole prefix and never the suffix; suffix token i sees the prefix and suffix
@@ -267,11 +269,16 @@ class SequenceLayout:
     def prefix_text_ids(self, task: str, state: np.ndarray) -> list[int]:
         """``BOS "Task: {task}, State: {s};\\n"`` as ids, cutting the task (logged) if it does not fit.
 
-        With ``state_encoding="embedding"`` the state is ``state_tokens`` slots, written as ``-1`` here.
+        With ``state_encoding="embedding"`` the state is ``state_tokens`` slots, written as ``-1`` here; an empty state
+        (``[0]``, a policy without state) leaves out ``", State: ..."`` altogether.
         """
         task = clean_task(task)
         encode = self.vocab.text.encode
-        if self.state_encoding == "text":
+        if len(state) == 0:  # no state (an image-only policy): BOS "Task: {task};\n", no state slot
+
+            def render(task: str) -> list[int]:
+                return [self.vocab.text.bos_id, *encode(f"Task: {task};\n")]
+        elif self.state_encoding == "text":
             state_text = " ".join(str(int(b)) for b in self.state_bins_of(state))
 
             def render(task: str) -> list[int]:

@@ -47,7 +47,7 @@ from vla.checkpoints import (
     save_checkpoint,
 )
 from vla.config import TrainConfig, load_config, resolve_action_state
-from vla.dataset import ActionChunkDataset
+from vla.dataset import ActionChunkDataset, choose_backend
 from vla.fit import NORMALIZER_FILE
 from vla.io import atomic_write_text
 from vla.heldout import CURVES, Heldout, plot_curves, write_report
@@ -97,16 +97,17 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
     With relative actions both the action normaliser and the tokenizer are fitted on what the model predicts: the
     training chunks relative to their first frame's state (openpi computes its norm stats after DeltaActions too)."""
     horizon = cfg.policy.time_horizon
+    stateless = cfg.policy.state_dim == 0 or info.state_dim is None  # an image-only policy
     # The compact vocabulary gives the prompt's words one id each (PaliGemma's own tokenizer already does).
     config = resolve_action_state(dataclasses.replace(
         cfg.policy,
         text_words=[] if cfg.policy.backbone_path else prompt_words(info.tasks),
         action_dim=info.action_dim,
-        state_dim=info.state_dim,
+        state_dim=0 if stateless else info.state_dim,
         init_seed=cfg.seed if cfg.policy.init_seed is None else cfg.policy.init_seed,
     ), info)  # fmt: skip
     # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see data.load_stats).
-    stats = data.frame_stats(info, ["action", "observation.state"], episodes=train_episodes)
+    stats = data.frame_stats(info, ["action"] if stateless else ["action", OBS_STATE], episodes=train_episodes)
     chunks, _ = data.action_chunks(info, horizon, episodes=train_episodes)
     mask = config.relative_mask()
     if mask is not None:
@@ -114,7 +115,7 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
         chunks = RelativeActions(mask, tuple(config.action_state_dims))({ACTION: chunks, OBS_STATE: states})[ACTION]
         stats["action"] = data.array_stats(chunks.reshape(-1, chunks.shape[-1]))
     action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
-    state_norm = at.Normalizer.from_stats(stats["observation.state"], "quantile")
+    state_norm = None if stateless else at.Normalizer.from_stats(stats[OBS_STATE], "quantile")
     pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None
     if pretrained is not None and (pretrained / NORMALIZER_FILE).is_file():  # `vla tokenizer fit`: its own normaliser
         if mask is not None:
@@ -221,10 +222,14 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.ema_decay > 0 and ema is None:
         ema = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
 
-    image_keys = list(policy.config.image_keys)
+    # Cameras decoded once into memory when their frames fit MEMORY_BUDGET (at the policy's image size), else LeRobot.
+    image_keys, image_size = list(policy.config.image_keys), policy.model.image_size
+    backend, why = choose_backend(info, image_keys, image_size, train_eps)
+    if accelerator.is_main_process:
+        print(f"dataset backend: {backend} ({why})")
     dataset = ActionChunkDataset(
-        info, policy.config.time_horizon, episodes=train_eps, image_keys=image_keys,
-        backend="lerobot" if image_keys else "memory",
+        info, policy.config.time_horizon, episodes=train_eps, image_keys=image_keys, image_size=image_size,
+        backend=backend, progress=cfg.progress and accelerator.is_main_process,
     )  # fmt: skip
     loader = make_loader(cfg, dataset, policy, start_step, rank, world)
     policy, optimizer = accelerator.prepare(policy, optimizer)

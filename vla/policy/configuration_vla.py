@@ -45,9 +45,10 @@ class VLAConfig(PreTrainedConfig):
     time_horizon: int = 10  # T: actions per predicted chunk (openpi's action_horizon)
     n_action_steps: int = 5  # actions executed from each chunk before predicting the next (<= time_horizon)
     action_dim: int | None = None  # D; None = from output_features, the tokenizer or the action normaliser
-    state_dim: int | None = None  # S; None = from input_features or the state normaliser
+    state_dim: int | None = None  # S; None = from input_features or the state normaliser; 0 = no state (image-only)
     image_keys: list[str] = field(default_factory=list)  # cameras, "observation.images.<cam>"; empty = state + task
     image_size: int | None = None  # images are resized to this square size; None = the preset's (tiny: 64)
+    image_shift: int = 4  # training only: random shift of each image by up to this many pixels (DrQ); 0 = none
 
     # --- sequence -----------------------------------------------------------------------------------------
     max_prefix_len: int = 256  # most text tokens in the prefix (BOS + task + state); longer tasks are cut (logged)
@@ -133,9 +134,12 @@ class VLAConfig(PreTrainedConfig):
         _check(self.time_horizon >= 1, "time_horizon", self.time_horizon, "use a positive number of steps")
         _check(1 <= self.n_action_steps <= self.time_horizon, "n_action_steps", self.n_action_steps,
                f"use 1 <= n_action_steps <= time_horizon ({self.time_horizon})")  # fmt: skip
-        for name in ("action_dim", "state_dim", "image_size", "max_action_tokens"):
+        for name in ("action_dim", "image_size", "max_action_tokens"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "use a positive integer or leave it unset (None)")
+        _check(self.state_dim is None or self.state_dim >= 0, "state_dim", self.state_dim,
+               "use a positive integer, 0 (no state: an image-only policy) or leave it unset (None: from the data)")
+        _check(self.image_shift >= 0, "image_shift", self.image_shift, "use 0 (no shift) or a few pixels, e.g. 4")
         # observation.images.<cam>, or LeRobot's one-camera key observation.image (its Meta-World env's)
         bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX) and k != OBS_IMAGE or k == IMAGE_PREFIX]
         _check(not bad, "image_keys", bad,
@@ -155,6 +159,11 @@ class VLAConfig(PreTrainedConfig):
             self.relative_actions = [bool(m) for m in self.relative_actions]
             _check(self.action_dim is None or len(self.relative_actions) == self.action_dim, "relative_actions",
                    self.relative_actions, f"give one entry per action dimension ({self.action_dim})")
+        if self.state_dim == 0:  # relative actions are relative to the state
+            mask = self.relative_actions
+            relative = mask == "auto" or isinstance(mask, list) and any(mask)
+            _check(not relative, "relative_actions", self.relative_actions,
+                   "actions can be relative to the state only, and state_dim = 0 (no state): use 'none'")  # fmt: skip
         if self.action_state_dims is not None:
             _check(self.action_dim is None or len(self.action_state_dims) == self.action_dim, "action_state_dims",
                    self.action_state_dims, f"give one state dimension per action dimension ({self.action_dim})")
@@ -216,7 +225,8 @@ class VLAConfig(PreTrainedConfig):
         """Reconcile the dimensions with LeRobot's features, filling whichever side is missing."""
         self.input_features = dict(self.input_features or {})
         self.output_features = dict(self.output_features or {})
-        self._reconcile_dim(self.input_features, OBS_STATE, FeatureType.STATE, "state_dim")
+        if self.state_dim != 0:  # 0: no state, whether or not the data has one
+            self._reconcile_dim(self.input_features, OBS_STATE, FeatureType.STATE, "state_dim")
         self._reconcile_dim(self.output_features, ACTION, FeatureType.ACTION, "action_dim")
         visual = [k for k, ft in self.input_features.items() if ft.type is FeatureType.VISUAL]
         for key in self.image_keys:

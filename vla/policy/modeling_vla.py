@@ -21,7 +21,7 @@ Saved files (``save_pretrained``, written to a temporary folder and renamed into
     model.safetensors        the weights
     backbone_config.json     the exact PaliGemmaConfig, so loading never depends on preset definitions
     action_tokenizer/        tok.save_pretrained
-    action_normalizer.json, state_normalizer.json
+    action_normalizer.json, state_normalizer.json   (no state normaliser for a policy without state, state_dim 0)
     text_tokenizer/          only for the PaliGemma vocabulary (a copy of the Gemma tokenizer.json)
     policy_{pre,post}processor.json   LeRobot's processor pipelines (vla.policy.processor_vla: the normalisers as
                                       LeRobot steps, + their .safetensors), for lerobot-eval
@@ -121,7 +121,13 @@ class VLAPolicy(PreTrainedPolicy):
         super().__init__(config)
         if action_normalizer is None:
             action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
-        if state_normalizer is None:
+        # No state (an image-only policy): state_dim 0, or LeRobot's features naming no state (a dataset without one).
+        features = config.input_features
+        if config.state_dim is None and state_normalizer is None and features and OBS_STATE not in features:
+            config.state_dim = 0
+        if config.state_dim == 0:
+            state_normalizer = None
+        elif state_normalizer is None:
             state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
         if action_tokenizer is None:
             action_tokenizer = _tokenizer_from_config(config, getattr(dataset_meta, "root", None), action_normalizer)
@@ -160,7 +166,7 @@ class VLAPolicy(PreTrainedPolicy):
             dtype=DTYPES[config.dtype],
             seed=config.init_seed,
             state_dim=config.state_dim,
-            state_tokens=config.state_tokens if config.state_encoding == "embedding" else 0,
+            state_tokens=config.state_tokens if config.state_encoding == "embedding" and config.state_dim else 0,
             query_slots=slots,
         )
         self.layout = SequenceLayout(
@@ -187,7 +193,7 @@ class VLAPolicy(PreTrainedPolicy):
             tokenizer=self.action_tokenizer, state_normalizer=self.state_normalizer,
             action_normalizer=self.action_normalizer, layout=self.layout, state_dim=config.state_dim,
             time_horizon=t, action_dim=d, image_keys=config.image_keys, image_size=self.model.image_size,
-            relative_actions=config.relative_mask(), action_state_dims=config.action_state_dims,
+            image_shift=config.image_shift, relative_actions=config.relative_mask(), action_state_dims=config.action_state_dims,
         )  # fmt: skip
         self.decode_stats = DecodeStats()
         self.last_decode_info: DecodeInfo | None = None
@@ -199,7 +205,7 @@ class VLAPolicy(PreTrainedPolicy):
         c, tok = self.config, self.action_tokenizer
         d_sources = {"config": c.action_dim, "action tokenizer": tok.action_dim,
                      "action normaliser": self.action_normalizer.dim}  # fmt: skip
-        s_sources = {"config": c.state_dim, "state normaliser": self.state_normalizer.dim}
+        s_sources = {"config": c.state_dim, "state normaliser": getattr(self.state_normalizer, "dim", None)}
         for name, sources in (("action_dim", d_sources), ("state_dim", s_sources)):
             known = {k: int(v) for k, v in sources.items() if v is not None}
             if len(set(known.values())) > 1:
@@ -255,9 +261,9 @@ class VLAPolicy(PreTrainedPolicy):
             use_cache=self.config.use_kv_cache,
             generator=generator,
         )
+        raw_state = {OBS_STATE: batch[OBS_STATE]} if OBS_STATE in batch else {}  # for relative actions
         out = run(self.pipeline.outputs, {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors,
-                                          OBS_STATE: batch[OBS_STATE],  # the raw state, for relative actions
-                                          NORMALIZED: normalized})  # fmt: skip
+                                          **raw_state, NORMALIZED: normalized})  # fmt: skip
         chunks = torch.as_tensor(np.nan_to_num(out[ACTION]), dtype=torch.float32)  # [B, T, D] raw
         self._fall_back(chunks, out["valid"], out["errors"], normalized)
         self.decode_stats.chunks += len(chunks)
@@ -266,8 +272,9 @@ class VLAPolicy(PreTrainedPolicy):
             valid=out["valid"], tokens_per_chunk=gen.tokens_per_chunk, errors=out["errors"],
             latency_ms=(time.perf_counter() - start) * 1000, steps=gen.steps,
         )  # fmt: skip
-        state = batch.get(OBS_STATE)
-        return chunks.to(state.device) if isinstance(state, torch.Tensor) else chunks
+        tensors = (batch.get(k) for k in (OBS_STATE, *self.config.image_keys))  # where the batch lives
+        like = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
+        return chunks.to(like.device) if like is not None else chunks
 
     def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None], normalized: bool) -> None:
         """Replace invalid chunks in place: previous action repeated, else the normalised zero action. Counted."""
@@ -319,10 +326,12 @@ class VLAPolicy(PreTrainedPolicy):
             write_json(tmp / BACKBONE_CONFIG_FILE, self.model.backbone.config.to_dict())
             self.action_tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
             self.action_normalizer.save(tmp / ACTION_NORMALIZER_FILE)
-            self.state_normalizer.save(tmp / STATE_NORMALIZER_FILE)
+            if self.state_normalizer is not None:  # none without state
+                self.state_normalizer.save(tmp / STATE_NORMALIZER_FILE)
             if isinstance(self.vocab.text, LocalTextTokenizer):
                 self.vocab.text.save(tmp / TEXT_TOKENIZER_DIR)
             normalizers = {OBS_STATE: self.state_normalizer, ACTION: self.action_normalizer}
+            normalizers = {k: n for k, n in normalizers.items() if n is not None}
             for pipeline in make_vla_pre_post_processors(self.config, normalizers=normalizers):  # for lerobot-eval
                 pipeline.save_pretrained(tmp)
 
@@ -360,7 +369,7 @@ class VLAPolicy(PreTrainedPolicy):
             config,
             action_tokenizer=at.load_tokenizer(path / TOKENIZER_DIR),
             action_normalizer=at.Normalizer.load(path / ACTION_NORMALIZER_FILE),
-            state_normalizer=at.Normalizer.load(path / STATE_NORMALIZER_FILE),
+            state_normalizer=at.Normalizer.load(path / STATE_NORMALIZER_FILE) if config.state_dim != 0 else None,
             text_tokenizer_dir=text_dir if text_dir.is_dir() else None,
             backbone_config=read_json(backbone_file, "backbone config") if backbone_file.is_file() else None,
         )

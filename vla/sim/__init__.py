@@ -69,11 +69,14 @@ class Family:
     default_task: str
     default_cameras: tuple[str, ...]  # the dataset keys `vla data record --images` records
     task_sets: dict[str, tuple[str, ...]] = field(default_factory=dict)  # named groups, e.g. "mt10" -> ten tasks
+    # The expert reacts to each observation (Meta-World's); False for one planned at reset and replayed (ALOHA's),
+    # which DART noise (record's action_noise) would push off its plan with nothing to correct it.
+    closed_loop_expert: bool = True
 
 
 FAMILIES: dict[str, Family] = {}
 # Families imported on first use (their simulators are slow to import).
-_FAMILY_MODULES = {"metaworld": "vla.sim.metaworld_env", "toy": "vla.sim.toy_env"}
+_FAMILY_MODULES = {"metaworld": "vla.sim.metaworld_env", "toy": "vla.sim.toy_env", "aloha": "vla.sim.aloha_env"}
 
 
 def register(family: Family) -> Family:
@@ -97,6 +100,14 @@ def split_name(name: str) -> tuple[Family, str]:
     fam = family(family_name)
     check_name(f"{family_name} task", task, fam.tasks())
     return fam, task
+
+
+def checked_max_steps(max_steps: int | None, default: int) -> int:
+    """An episode's step limit: ``default`` when unset, else a positive integer."""
+    steps = default if max_steps is None else int(max_steps)
+    if steps < 1:
+        raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+    return steps
 
 
 def checked_action(action: Any, action_dim: int, running: bool, what: str) -> Any:

@@ -2,6 +2,7 @@
 
     vla data record                                   # the demo's dataset: push-v3, 100 episodes, state only
     vla data record --env metaworld --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128
+    vla data record --images --image-format png       # exact PNG frames instead of LeRobot's default video
     vla data record --task mt10 --episodes 50         # MT10's ten tasks into one dataset, 50 episodes each
     vla data info DIR
     vla data stats DIR                                # exact frame statistics into meta/stats.json
@@ -20,7 +21,9 @@ from vla.sim.record import (
     DEFAULT_DATASET_ROOT,
     DEFAULT_ENV,
     DEFAULT_EPISODES,
+    DEFAULT_IMAGE_FORMAT,
     DEFAULT_IMAGE_SIZE,
+    IMAGE_FORMATS,
     default_root,
     record,
 )
@@ -56,10 +59,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         help=f"episodes to keep per task (default: {DEFAULT_EPISODES})",
     )  # fmt: skip
     rec.add_argument(
-        "--observation", choices=["privileged", "lerobot"], default=None,
-        help="Meta-World's observation: privileged (the 39-D state with object and goal poses, the default) or "
-        "lerobot (LeRobot's convention: the 4-D hand position and gripper, and the corner2 camera), which "
-        "lerobot-eval --env.type=metaworld scores",
+        "--observation", choices=["privileged", "proprio", "lerobot"], default=None,
+        help="the simulator's observation: privileged (the state with object and goal poses, the default), "
+        "proprio (the robot's own body only, for a camera policy: add --images; Meta-World: hand xyz and gripper, "
+        "ALOHA: the 14 joints) or, Meta-World only, lerobot (LeRobot's convention: the 4-D hand and gripper and "
+        "its 480 px corner2 camera), which lerobot-eval --env.type=metaworld scores",
     )  # fmt: skip
     rec.add_argument(
         "--root",
@@ -68,6 +72,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         help="output folder, which must not exist (default: outputs/datasets/<env>_<task>[_images])",
     )
     rec.add_argument("--images", action="store_true", help="also record a camera image per step")
+    rec.add_argument(
+        "--image-format", choices=IMAGE_FORMATS, default=DEFAULT_IMAGE_FORMAT,
+        help="how cameras are stored: video (LeRobot's default: AV1 video features by LeRobot's writer, small, lossy) "
+        "or png (exact frames in the parquet rows, LeRobot's image dtype) (default: %(default)s)",
+    )  # fmt: skip
     rec.add_argument(
         "--image-size", type=int, default=None,
         help=f"square image side (default: {DEFAULT_IMAGE_SIZE}; with --observation lerobot, LeRobot's 480)"
@@ -133,6 +142,7 @@ def _record(args: argparse.Namespace) -> int:
         cameras=args.cameras,
         seed=args.seed,
         image_size=args.image_size,
+        image_format=args.image_format,
         max_steps=args.max_steps,
         keep_failed=args.keep_failed,
         action_noise=args.action_noise,
@@ -162,10 +172,11 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from vla.data import check_values, dataset_info
+    from vla.data import check_values, check_videos, dataset_info
 
     info = dataset_info(args.root)
     print(info.describe())
+    check_videos(info)  # a missing video file: an error naming it, after the description
     problems = check_values(info)
     for name, problem in problems.items():
         print(f"  WARNING: '{name}' holds NaN or inf: {problem}")

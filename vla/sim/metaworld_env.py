@@ -8,6 +8,12 @@ The observation is a dict with the keys of a dataset sample (``vla.data``), unba
     "observation.images.<camera>"  float32 [3, H, W]  RGB in [0, 1], for each camera asked for (``image_keys``)
     "task"                         str                a short sentence, e.g. "push the puck to a goal"
 
+``"proprio"`` (what a camera policy may see: the robot's own body, no object or goal poses)
+    "observation.state"            float32 [4]        the hand's xyz and the gripper opening (LeRobot's ``agent_pos``)
+    "observation.images.<camera>"  float32 [3, H, W]  the cameras asked for, rendered as for ``"privileged"``
+    "task"                         str                as for ``"privileged"``
+    "expert_state"                 float32 [39]       the full observation, for the scripted expert only
+
 ``"lerobot"`` (exactly what LeRobot's own Meta-World env, ``lerobot/envs/metaworld.py``, gives a policy under
 ``lerobot-eval --env.type=metaworld``, so a policy trained on such a recording is scored by LeRobot's evaluator)
     "observation.state"            float32 [4]        ``agent_pos``: the first four values (hand xyz, gripper)
@@ -29,10 +35,7 @@ seed gives one reproducible layout, and distinct seeds give distinct layouts.
 
 from __future__ import annotations
 
-import atexit
-import os
 import warnings
-import weakref
 from typing import Any
 
 import numpy as np
@@ -41,7 +44,8 @@ from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
 from vla.data import IMAGE_PREFIX
 from vla.names import check_name
-from vla.sim import Family, checked_action, register
+from vla.sim import Family, checked_action, checked_max_steps, register
+from vla.sim.render import checked_cameras, close_at_exit, fast_renderer, offscreen_error
 
 ACTION_DIM = 4
 ACTION_NAMES = ["dx", "dy", "dz", "gripper"]
@@ -62,12 +66,17 @@ _UPSIDE_DOWN_CAMERAS = {"corner", "corner2", "corner3"}
 # corner2 frames the whole room, so at 128 px the puck is a few pixels: move it this many metres forward
 # along its own line of sight (same direction, closer) so the table fills the frame.
 _CAMERA_DOLLY_M = {"corner2": 0.4}
+# Cameras of ours (MuJoCo free cameras, not in Meta-World's scene): "workspace" looks down at 45 degrees from beyond
+# the goal towards the robot, framing the table's work area (x -0.25..0.25, y 0.55..0.95), so that at 64 px the
+# puck is ~4 px and the goal ~3 px (in corner2's frame they are 1-2 px). (lookat xyz, distance m, azimuth, elevation)
+_FREE_CAMERAS = {"workspace": ((0.0, 0.75, 0.05), 0.75, -90.0, -45.0)}
 
-OBSERVATIONS = ("privileged", "lerobot")  # the observation conventions (module docstring)
+OBSERVATIONS = ("privileged", "proprio", "lerobot")  # the observation conventions (module docstring)
+PROPRIO_DIM = 4  # hand xyz and gripper opening: the first four of the 39 values (LeRobot's agent_pos)
 EXPERT_STATE = "expert_state"  # the full observation beside a partial one, read by ExpertPolicy only
 # LeRobot's Meta-World env (lerobot/envs/metaworld.py, lerobot 0.6): agent_pos = the first four values, one camera
 # "corner2" at 480 x 480 moved to this position, flipped on both axes, as "observation.image".
-LEROBOT_STATE_NAMES = STATE_NAMES[:4]
+LEROBOT_STATE_NAMES = STATE_NAMES[:PROPRIO_DIM]
 LEROBOT_CAMERA = "corner2"
 LEROBOT_CAMERA_POS = (0.75, 0.075, 0.7)
 LEROBOT_IMAGE_SIZE = 480
@@ -159,18 +168,11 @@ class MetaWorldEnv:
         self.lerobot = self.observation == "lerobot"
         self.name = f"metaworld/{self.task}"
         self.task_text = (self.lerobot and lerobot_task_text(self.task)) or task_text(self.task)
-        self.max_steps = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
-        self.image_keys = list(image_keys)
+        self.max_steps = checked_max_steps(max_steps, DEFAULT_MAX_STEPS)
         if self.lerobot:
-            self.image_keys, image_size = _lerobot_camera(self.image_keys, image_size)
-        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX) and not self.lerobot]
-        if bad:
-            raise ValueError(f"cameras are named by their dataset key, e.g. '{IMAGE_PREFIX}{DEFAULT_CAMERA}'; got {bad}")
-        self.image_size = (image_size or DEFAULT_IMAGE_SIZE) if self.image_keys else None
-        if self.image_size is not None and not 8 <= self.image_size <= 1024:
-            raise ValueError(f"image_size must be between 8 and 1024 pixels, got {image_size}")
+            image_keys, image_size = _lerobot_camera(list(image_keys), image_size)
+        self.image_keys, self.image_size = checked_cameras(image_keys, image_size, DEFAULT_IMAGE_SIZE, DEFAULT_CAMERA,
+                                                           other_keys=(OBS_IMAGE,) if self.lerobot else ())  # fmt: skip
 
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
 
@@ -195,10 +197,8 @@ class MetaWorldEnv:
         self._renderer = None
         if self.image_keys and self.lerobot:
             self._renderer = self._make_lerobot_renderer()
-            _RENDERING_ENVS.add(self)
         elif self.image_keys:
             self._renderer = self._make_renderer(self.image_size, [k.removeprefix(IMAGE_PREFIX) for k in self.image_keys])
-            _RENDERING_ENVS.add(self)
         self._steps = 0
         self._done = True
         self.last_frames: dict[str, np.ndarray] = {}  # camera key -> uint8 [H, W, 3] behind the latest observation
@@ -206,7 +206,7 @@ class MetaWorldEnv:
     @property
     def features(self) -> dict[str, dict]:
         """The LeRobot feature spec of the observations and actions (cameras as PNG frames: exact pixels)."""
-        state_names = LEROBOT_STATE_NAMES if self.lerobot else STATE_NAMES
+        state_names = STATE_NAMES if self.observation == "privileged" else LEROBOT_STATE_NAMES
         features: dict[str, dict] = {
             OBS_STATE: {"dtype": "float32", "shape": (len(state_names),), "names": state_names},
             ACTION: {"dtype": "float32", "shape": (ACTION_DIM,), "names": ACTION_NAMES},
@@ -262,7 +262,7 @@ class MetaWorldEnv:
             image = self._renderer.render("rgb_array")  # uint8 [H, W, 3]
         else:
             camera = key.removeprefix(IMAGE_PREFIX)
-            self._renderer.update_scene(self._env.data, camera=camera)
+            self._renderer.update_scene(self._env.data, camera=self._cameras[camera])
             image = self._renderer.render()  # uint8 [H, W, 3]
         if camera in _UPSIDE_DOWN_CAMERAS:
             image = image[::-1, ::-1]
@@ -270,8 +270,9 @@ class MetaWorldEnv:
 
     def _observe(self, raw: np.ndarray) -> dict[str, Any]:
         obs: dict[str, Any] = {OBS_STATE: raw.astype(np.float32), "task": self.task_text}
-        if self.lerobot:  # agent_pos; the expert still reads the whole observation
-            obs = {OBS_STATE: raw[:4].astype(np.float32), "task": self.task_text, EXPERT_STATE: raw.astype(np.float32)}
+        if self.observation != "privileged":  # agent_pos; the expert still reads the whole observation
+            obs = {OBS_STATE: raw[:PROPRIO_DIM].astype(np.float32), "task": self.task_text,
+                   EXPERT_STATE: raw.astype(np.float32)}
         for key in self.image_keys:
             self.last_frames[key] = frame = self.render(key)  # uint8 [H, W, 3], what a recording stores
             obs[key] = frame.transpose(2, 0, 1).astype(np.float32) / 255.0  # float32 [3, H, W], LeRobot's layout
@@ -290,8 +291,8 @@ class MetaWorldEnv:
         try:
             renderer.render("rgb_array")  # makes the GL context now, so a missing GL library fails here
         except Exception as err:
-            raise _offscreen_error(err) from err
-        _register_close_hook()
+            raise offscreen_error(err) from err
+        close_at_exit(self)
         return renderer
 
     def _make_renderer(self, size: int, cameras: list[str]):
@@ -299,8 +300,17 @@ class MetaWorldEnv:
 
         model = self._env.model
         known = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) for i in range(model.ncam)]
+        self._cameras: dict[str, Any] = {}  # camera name -> what update_scene takes (a scene camera's name, or ours)
         for camera in cameras:
-            cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, check_name("camera", camera, known))
+            check_name("camera", camera, known + list(_FREE_CAMERAS))
+            if camera in _FREE_CAMERAS:
+                lookat, distance, azimuth, elevation = _FREE_CAMERAS[camera]
+                free = self._cameras[camera] = mujoco.MjvCamera()
+                free.type = mujoco.mjtCamera.mjCAMERA_FREE
+                free.lookat[:], free.distance, free.azimuth, free.elevation = lookat, distance, azimuth, elevation
+                continue
+            self._cameras[camera] = camera
+            cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
             dolly = _CAMERA_DOLLY_M.get(camera, 0.0)
             if dolly:
                 rot = np.zeros(9)
@@ -308,32 +318,7 @@ class MetaWorldEnv:
                 forward = -rot.reshape(3, 3)[:, 2]  # a MuJoCo camera looks along its -z axis
                 model.cam_pos[cam_id] = model.cam_pos[cam_id] + dolly * forward
         mujoco.mj_forward(model, self._env.data)
-        # Software rendering costs 75-200 ms a frame with Meta-World's defaults and ~10 ms without
-        # anti-aliasing, shadows and reflections, which a 128 px policy image does not need.
-        model.vis.quality.offsamples = 0
-        model.light_castshadow[:] = 0
-        model.mat_reflectance[:] = 0
-        try:
-            renderer = mujoco.Renderer(model, height=size, width=size)
-        except Exception as err:  # the GL library is missing or MUJOCO_GL names an unusable backend
-            raise _offscreen_error(err) from err
-        _register_close_hook()
-        return renderer
-
-
-def _offscreen_error(err: Exception) -> RuntimeError:
-    return RuntimeError(
-        f"MuJoCo cannot render offscreen (MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}): {err}. "
-        "Install a GL library (Debian: apt-get install libegl1 libgl1-mesa-dri for MUJOCO_GL=egl, "
-        "or libosmesa6 for MUJOCO_GL=osmesa), and set MUJOCO_GL before mujoco is first imported."
-    )
-
-
-def _register_close_hook() -> None:
-    global _close_hook_registered
-    if not _close_hook_registered:
-        atexit.register(_close_renderers)
-        _close_hook_registered = True
+        return fast_renderer(model, size, owner=self)
 
 
 def _lerobot_camera(image_keys: list[str], image_size: int | None) -> tuple[list[str], int | None]:
@@ -351,18 +336,6 @@ def _lerobot_camera(image_keys: list[str], image_size: int | None) -> tuple[list
             f"resizes it); got image_size={image_size}: leave it unset or pass {LEROBOT_IMAGE_SIZE}"
         )
     return [OBS_IMAGE], LEROBOT_IMAGE_SIZE
-
-
-# Renderers left open are closed at exit while EGL still works; left to interpreter teardown, their
-# __del__ runs after EGL is gone and prints EGLError tracebacks. atexit runs hooks last-registered first,
-# and mujoco registers eglTerminate with its first GL context, so ours is registered after that.
-_RENDERING_ENVS: weakref.WeakSet[MetaWorldEnv] = weakref.WeakSet()
-_close_hook_registered = False
-
-
-def _close_renderers() -> None:
-    for env in list(_RENDERING_ENVS):
-        env.close()
 
 
 class ExpertPolicy:

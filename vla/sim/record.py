@@ -5,10 +5,14 @@
 Each attempt runs the task's expert on a fresh seed (``seed, seed + 1, ...``); successful episodes are
 kept (all of them with ``keep_failed=True``, each flagged in ``meta/recording.json``) until ``episodes``
 are recorded. The dataset holds per step what the env's ``features`` say (for Meta-World: ``observation.state`` float32 [39],
-``action`` float32 [4], and with ``images=True`` the camera as PNG frames, no video codec), and the task sentence.
+``action`` float32 [4], and with ``images=True`` each camera), and the task sentence; ``meta/recording.json`` says how
+it was made: task, expert success rate, the seed of every episode, the action noise, the image format, versions.
 
-and ``meta/recording.json`` says how it was made: task, expert success rate, the seed of every episode,
-the action noise, versions.
+Cameras are stored as LeRobot stores them by default (``image_format="video"``): video features, encoded by LeRobot's
+own writer with its default encoder (AV1 by libsvtav1, yuv420p, CRF 30, a keyframe every 2 frames), so lossy: on
+64 px Meta-World frames a decoded value is off by 3.6-4.1 of 255 on average (PSNR ~30 dB, mostly the halved colour
+resolution at edges; tests/test_video.py bounds it), in an eighth of the bytes. ``image_format="png"`` keeps the exact
+frames instead (PNG inside the parquet rows, LeRobot's ``image`` dtype).
 
 ``action_noise=sigma`` perturbs the expert the DART way (Laskey et al., 2017): each action the env executes is the
 expert's plus Gaussian noise (std ``sigma`` per dimension, clipped to [-1, 1]), while the dataset stores the
@@ -24,6 +28,7 @@ interrupted recording leaves no dataset that looks complete.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +45,8 @@ DEFAULT_ENV = "metaworld/push-v3"
 DEFAULT_EPISODES = 100
 DEFAULT_ACTION_NOISE = 0.0  # the default dataset's DART noise (see the module docstring)
 DEFAULT_IMAGE_SIZE = 128
+IMAGE_FORMATS = ("video", "png")  # how cameras are stored: LeRobot's video features (its default), or exact PNG frames
+DEFAULT_IMAGE_FORMAT = "video"
 # The dataset `vla demo` trains on (relative to the working directory).
 DEFAULT_DATASET_ROOT = Path("outputs/datasets/metaworld_push-v3")
 RECORDING_FILE = "meta/recording.json"
@@ -64,6 +71,7 @@ def record(
     images: bool = False,
     cameras: list[str] | None = None,
     image_size: int | None = None,
+    image_format: str = DEFAULT_IMAGE_FORMAT,
     seed: int = TRAIN_SEED_START,
     max_steps: int | None = None,
     keep_failed: bool = False,
@@ -78,7 +86,8 @@ def record(
     list, ``metaworld/drawer-open-v3,drawer-close-v3``): one dataset then holds every task's episodes, each with its
     own instruction as its LeRobot task, and every task draws its layouts from the same seeds ``seed, seed + 1, ...``.
     ``images=True`` records ``cameras`` (dataset keys; default the family's ``default_cameras``) at ``image_size`` pixels
-    (default: the simulator's, ``DEFAULT_IMAGE_SIZE`` for Meta-World's own convention); ``env_options`` go to
+    (default: the simulator's, ``DEFAULT_IMAGE_SIZE`` for Meta-World's own convention), stored as ``image_format``
+    (``"video"``, LeRobot's default, or ``"png"``: exact frames; see the module docstring); ``env_options`` go to
     the simulator (Meta-World: ``{"observation": "lerobot"}``).
     Returns a summary: ``root``, ``episodes`` (in all), ``attempts``, ``expert_success_rate``, ``frames``,
     ``episode_lengths``, ``seeds``, ``seconds``, ``steps_per_s``, the settings and ``tasks`` (one summary per task).
@@ -93,12 +102,18 @@ def record(
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     if not (np.isfinite(action_noise) and 0.0 <= action_noise <= 1.0):
         raise ValueError(f"action_noise is a standard deviation in action units, 0 to 1; got {action_noise}")
+    if action_noise > 0 and not fam.closed_loop_expert:
+        raise ValueError(f"{fam.name}'s expert is planned at reset and replayed open loop: DART noise "
+                         "(--action-noise) would push it off its plan with nothing to correct it; use 0")  # fmt: skip
     attempts_allowed = episodes if keep_failed else max_attempts_for(episodes)
     if seed < 0 or seed + attempts_allowed > EVAL_SEED_START:
         raise ValueError(
             f"recording may use seeds {seed}..{seed + attempts_allowed - 1}, but seeds from "
             f"{EVAL_SEED_START} are kept for evaluation; choose a seed in 0..{EVAL_SEED_START - attempts_allowed}"
         )
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image_format must be one of {', '.join(IMAGE_FORMATS)} (video: LeRobot's default, lossy; "
+                         f"png: exact frames), got {image_format!r}")  # fmt: skip
     if root.exists() and not overwrite:
         raise ValueError(f"{root} already exists; choose another --root or pass --overwrite to replace it")
     if root.exists() and not root.is_dir():
@@ -119,6 +134,7 @@ def record(
             spec=env_name,
             names=names,
             env_for=env_for,
+            video=image_format == "video" and bool(image_keys),
             expert_for=lambda name: NoisyExpert(make_expert(name), action_noise),
             episodes=episodes,
             seed=seed,
@@ -126,7 +142,8 @@ def record(
             attempts_allowed=attempts_allowed,
             progress=progress,
         )
-        summary.update(action_noise=float(action_noise), env_options=dict(env_options or {}))
+        summary.update(action_noise=float(action_noise), env_options=dict(env_options or {}),
+                       image_format=image_format if image_keys else None)  # fmt: skip
         _write_recording_json(tmp, summary)
     summary["root"] = str(root)
     return summary
@@ -138,6 +155,7 @@ def _record_into(
     spec: str,
     names: list[str],
     env_for: Callable[[str], Env],
+    video: bool,
     expert_for: Callable[[str], NoisyExpert],
     episodes: int,
     seed: int,
@@ -149,6 +167,7 @@ def _record_into(
     from lerobot.utils.utils import SuppressProgressBars
     from tqdm import tqdm
 
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its whole configuration per episode otherwise: errors only
     started = time.perf_counter()
     per_task: list[dict[str, Any]] = []
     all_kept: list[EpisodeResult] = []
@@ -170,11 +189,11 @@ def _record_into(
                     dataset = LeRobotDataset.create(
                         repo_id=f"local/{spec.replace('/', '_').replace(',', '+')}",
                         fps=env.fps,
-                        features=env.features,
+                        features=stored_features(env.features, video),
                         root=out,
                         robot_type=env.robot_type,
-                        use_videos=False,
-                        video_backend="pyav",  # no videos here; naming one skips LeRobot's noisy torchcodec probe
+                        use_videos=video,  # encoded by LeRobot's writer with its default encoder, per episode
+                        video_backend="pyav",  # naming one skips LeRobot's noisy torchcodec probe
                         # PNGs are written in this thread: a writer thread measured no faster on 2 cores
                     )
                     stack.callback(dataset.finalize)
@@ -186,7 +205,7 @@ def _record_into(
             all_kept += kept
             all_tried += tried
             per_task.append(_task_summary(env, kept, tried))
-    _remove_empty_dirs(out / "images")  # LeRobot's scratch folder for PNG frames, empty once embedded
+    _remove_empty_dirs(out / "images")  # LeRobot's scratch folder for PNG frames, empty once embedded or encoded
 
     seconds = time.perf_counter() - started
     cameras = [k for k, ft in first.features.items() if ft["dtype"] == "image"]
@@ -216,6 +235,13 @@ def _record_into(
         "steps_per_s": round(sum(r.length for r in all_tried) / max(seconds, 1e-9), 1),
     }
     return summary
+
+
+def stored_features(features: dict[str, dict], video: bool) -> dict[str, dict]:
+    """An env's features as the dataset stores them: its cameras (``"image"``) as ``"video"`` when ``video``."""
+    if not video:
+        return features
+    return {k: {**ft, "dtype": "video"} if ft["dtype"] == "image" else ft for k, ft in features.items()}
 
 
 def _record_task(dataset, env: Env, expert: NoisyExpert, episodes: int, seed: int, keep_failed: bool,
@@ -296,7 +322,7 @@ def _write_recording_json(out: Path, summary: dict[str, Any]) -> None:
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
-    for package in ("metaworld", "mujoco", "lerobot"):
+    for package in ("metaworld", "gym-aloha", "mujoco", "lerobot"):
         try:
             versions[package] = version(package)
         except PackageNotFoundError:
