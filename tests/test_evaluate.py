@@ -86,19 +86,20 @@ def test_evaluation_in_lerobots_observation_convention(tmp_path):
                                env_options={"observation": "lerobot"}, progress=False)  # fmt: skip
     assert report["lengths"] == [8] and report["valid_chunk_rate"] == 1.0
     # Without options the convention comes from the training data's recording.json
-    assert evaluate.recorded_env_options(policy) == {"observation": "lerobot"}
+    assert evaluate.training_recording(policy)["env_options"] == {"observation": "lerobot"}
     with pytest.raises(ValueError, match="4-D state but metaworld/push-v3 gives 39 values.*--observation"):
         evaluate.evaluate(policy, "metaworld/push-v3", episodes=1, max_steps=8,
                           env_options={"observation": "privileged"}, progress=False)  # fmt: skip
 
 
 def test_camera_policy_from_proprioception_records_trains_and_evaluates(tmp_path):
-    """The camera-policy path end to end: a proprio recording (4-D hand and gripper + our workspace camera), a
-    micro policy trained with random shifts, evaluated with the convention read from the recording, and a GIF."""
+    """The camera-policy path end to end: a proprio recording (4-D hand and gripper + our workspace camera, 48 px), a
+    micro policy trained at 32 px with random shifts, evaluated with the convention and the camera size read from
+    the recording (the pipeline resizes, as in training), and a GIF."""
     from vla.sim.record import record
 
     root, camera = tmp_path / "pixels", "observation.images.workspace"
-    record("metaworld/push-v3", 2, root, images=True, cameras=[camera], image_size=32, image_format="png",
+    record("metaworld/push-v3", 2, root, images=True, cameras=[camera], image_size=48, image_format="png",
            env_options={"observation": "proprio"}, progress=False)  # fmt: skip
     cfg = TrainConfig(
         dataset_root=str(root), output_dir=str(tmp_path / "run"), tokenizer=tokenizer_config("bin", n_bins=16),
@@ -110,4 +111,7 @@ def test_camera_policy_from_proprioception_records_trains_and_evaluates(tmp_path
     report = evaluate.evaluate(policy, "metaworld/push-v3", episodes=1, max_steps=8, gif_episodes=1,
                                out_dir=tmp_path / "eval", progress=False)  # fmt: skip
     assert report["lengths"] == [8] and report["valid_chunk_rate"] == 1.0
-    assert (tmp_path / "eval" / "rollouts.gif").stat().st_size > 0
+    from PIL import Image
+
+    with Image.open(tmp_path / "eval" / "rollouts.gif") as gif:  # rendered at the recording's 48 px, as in training
+        assert gif.size == (48, 48) and gif.n_frames >= 2

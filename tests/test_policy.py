@@ -118,12 +118,18 @@ def test_packed_batch_from_the_collate_gives_the_raw_batchs_loss():
     policy = make_policy(cameras=(CAM,)).eval()
     batch = make_batch(cameras=(CAM,))
     samples = [{k: v[i] for k, v in batch.items()} for i in range(3)]
-    torch.manual_seed(0)  # the same random shifts of the images (ShiftImages) on both paths
+    torch.manual_seed(1)  # in eval mode the raw batch is measured unshifted: the shifted one gives another loss
+    shifted = Collate(policy.pipeline.training)(samples)
+    assert set(shifted) >= {"sequence", "images"}
+    assert not torch.allclose(policy.forward(shifted)[0], policy.forward(batch)[0])
+    torch.testing.assert_close(policy.forward(Collate(policy.pipeline.measuring)(samples))[0], policy.forward(batch)[0])
+    policy.train()  # in training mode both paths shift: the same random shifts give the same loss
+    torch.manual_seed(0)
     packed = Collate(policy.pipeline.training)(samples)
     assert set(packed) >= {"sequence", "images", "tokens_per_chunk", "action_pad_fraction"}
-    torch.manual_seed(0)
-    torch.testing.assert_close(policy.forward(packed)[0], policy.forward(batch)[0])
-    assert "ShiftImages" not in [type(step).__name__ for step in policy.pipeline.measuring]
+    torch.manual_seed(0)  # the raw batch's pipeline draws the same shifts
+    with torch.no_grad():
+        torch.testing.assert_close(policy.forward(packed)[0], policy.forward(batch)[0])
 
 
 def test_step_through_yields_every_intermediate():

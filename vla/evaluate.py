@@ -83,19 +83,26 @@ class ChunkPolicy:
 
 
 
-def recorded_env_options(policy_dir: str | Path) -> dict[str, Any] | None:
-    """The simulator options the policy's training data was recorded with (``meta/recording.json`` of the dataset in
-    the run's ``train_config.json``), so that ``vla eval`` gives the policy the observation it was trained on; None
-    when the run, its dataset or the recording cannot be found (a dataset moved, or not recorded by ``vla``)."""
+def training_recording(policy_dir: str | Path) -> dict[str, Any]:
+    """How the policy's training data was recorded (``meta/recording.json`` of the dataset in the run's
+    ``train_config.json``), so that ``vla eval`` gives the policy the observation it was trained on, rendered at the
+    size it was recorded at; empty when the run, its dataset or the recording cannot be found (a dataset moved, or
+    not recorded by ``vla``)."""
     from vla.sim.record import read_recording
 
     try:
         train_config = json.loads((Path(policy_dir).parent / "train_config.json").read_text())
-        recording = read_recording(train_config["dataset_root"])
+        root = train_config["dataset_root"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    options = (recording or {}).get("env_options")
-    return dict(options) if options else None
+        return {}
+    try:
+        recording = read_recording(root)
+    except (OSError, ValueError):
+        recording = None
+    if recording is None and not (Path(root) / "meta").is_dir():
+        print(f"note: the training dataset {root} is not here (relative to {Path.cwd()}), so its observation "
+              "convention is unknown; the simulator's default is used (pass --observation to choose)")  # fmt: skip
+    return recording or {}
 
 
 def _check_state_dim(envs: list, state_dim: int | None, env_options: dict[str, Any] | None) -> None:
@@ -103,11 +110,12 @@ def _check_state_dim(envs: list, state_dim: int | None, env_options: dict[str, A
     from lerobot.utils.constants import OBS_STATE
 
     given = envs[0].features.get(OBS_STATE, {}).get("shape", (None,))[0]
-    if state_dim is not None and given is not None and given != state_dim:
+    if state_dim and given is not None and given != state_dim:  # state_dim 0: an image-only policy ignores it
         raise ValueError(
             f"the policy reads a {state_dim}-D state but {envs[0].name} gives {given} values (observation options "
-            f"{env_options or 'default'}); pass the convention the training data was recorded with, e.g. "
-            "--observation proprio (Meta-World's 4-D hand and gripper) or --observation privileged (the 39-D state)"
+            f"{env_options or 'default'}); pass the convention the training data was recorded with: --observation "
+            "proprio (the robot's own body: Meta-World's 4-D hand and gripper, ALOHA's 14 joints) or privileged "
+            "(with the object poses: Meta-World 39-D, ALOHA 21-D / 28-D)"
         )
 
 
@@ -136,8 +144,11 @@ def evaluate(
         if not path.is_dir():
             raise ValueError(f"no policy at {path}; pass the folder a training run wrote (e.g. outputs/train/NAME/policy)")
         policy = VLAPolicy.from_pretrained(path)
+        recording = training_recording(path)
         if env_options is None:
-            env_options = recorded_env_options(path)
+            env_options = dict(recording.get("env_options") or {}) or None
+    else:
+        recording = {}
     config = policy.config
     if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
         raise ValueError(f"n_action_steps {n_action_steps} is outside the policy's chunk: use 1..{config.time_horizon} "
@@ -156,9 +167,11 @@ def evaluate(
     record_frames = gif_episodes > 0 and bool(image_keys)
     # Task by task, seeds seed_start.. for each: episode k is task k // episodes (a GIF shows the first task's).
     episode_list = [(name, seed) for name in names for seed in range(seed_start, seed_start + episodes)]
-    size = config.image_size or policy.model.image_size
+    # Render at the size the training frames were recorded at (the policy's pipeline resizes, as in training), else at
+    # the policy's; LeRobot's convention renders at its own size.
+    size = recording.get("image_size") or config.image_size or policy.model.image_size
     if (env_options or {}).get("observation") == "lerobot":
-        size = None  # LeRobot's convention renders at its own size; the policy's pipeline resizes
+        size = None
     per_task = max(1, min(num_envs // len(names), episodes))
     envs = [make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps, **(env_options or {}))
             for name in names for _ in range(per_task)]  # fmt: skip

@@ -231,8 +231,8 @@ class VLAPolicy(PreTrainedPolicy):
         """Training loss: cross-entropy on the action segment only. ``batch`` is packed (``policy.pipeline``'s
         ``Collate``: ``sequence``, ``images``) or raw (LeRobot's: the pipeline's training steps run here first).
         Metrics are 0-d tensors, so nothing waits for the device here; the trainer reads them when it logs."""
-        if SEQUENCE not in batch:
-            batch = packed(run(self.pipeline.training, batch))
+        if SEQUENCE not in batch:  # augmentation (random image shifts) only while training
+            batch = packed(run(self.pipeline.training if self.training else self.pipeline.measuring, batch))
         loss, metrics = self.model.loss(batch[SEQUENCE], batch.get(IMAGES))
         for key in ("tokens_per_chunk", "action_pad_fraction"):
             if key in batch:

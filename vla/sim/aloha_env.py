@@ -22,8 +22,9 @@ Observation (a dict with a dataset sample's keys, unbatched):
     "task"                     str                  the instruction, a plain sentence (TASK_TEXT)
 
 Action: float [14], per arm (left, then right) 6 joint position targets (rad) and the gripper target normalised to
-[0, 1] (0 closed, 1 open), as ACT's joint-space actions. Values outside the actuator ranges are clipped and counted
-(``clipped_steps``). One action lasts ``CONTROL_DT`` = 0.02 s (50 Hz: 10 physics steps of 2 ms); an episode is cut
+[0, 1] (0 closed, 1 open), as ACT's joint-space actions. Values outside these bounds are clipped and counted
+(``clipped_steps``); within them the fingers reach only 0.065..0.975 of the normalised range (their joint limits,
+ACT's calibration), so a gripper target beyond that is held at the limit by MuJoCo, not counted. One action lasts ``CONTROL_DT`` = 0.02 s (50 Hz: 10 physics steps of 2 ms); an episode is cut
 at 400 actions (8 s).
 
 Reward: the task's stage, 0..4, from the contacts (gym-aloha's definitions). transfer-cube: 1 the right fingers
@@ -288,7 +289,8 @@ class AlohaEnv:
 
     @property
     def features(self) -> dict[str, dict]:
-        """The LeRobot feature spec of the observations and actions (cameras as PNG frames: exact pixels)."""
+        """The LeRobot feature spec of the observations and actions (cameras as "image" features; a recording stores
+        them as video or PNG)."""
         features: dict[str, dict] = {
             OBS_STATE: {"dtype": "float32", "shape": (len(self._state_names),), "names": self._state_names},
             ACTION: {"dtype": "float32", "shape": (ACTION_DIM,), "names": JOINT_NAMES},

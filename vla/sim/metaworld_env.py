@@ -76,7 +76,7 @@ PROPRIO_DIM = 4  # hand xyz and gripper opening: the first four of the 39 values
 EXPERT_STATE = "expert_state"  # the full observation beside a partial one, read by ExpertPolicy only
 # LeRobot's Meta-World env (lerobot/envs/metaworld.py, lerobot 0.6): agent_pos = the first four values, one camera
 # "corner2" at 480 x 480 moved to this position, flipped on both axes, as "observation.image".
-LEROBOT_STATE_NAMES = STATE_NAMES[:PROPRIO_DIM]
+PROPRIO_STATE_NAMES = STATE_NAMES[:PROPRIO_DIM]  # also LeRobot's agent_pos
 LEROBOT_CAMERA = "corner2"
 LEROBOT_CAMERA_POS = (0.75, 0.075, 0.7)
 LEROBOT_IMAGE_SIZE = 480
@@ -205,8 +205,9 @@ class MetaWorldEnv:
 
     @property
     def features(self) -> dict[str, dict]:
-        """The LeRobot feature spec of the observations and actions (cameras as PNG frames: exact pixels)."""
-        state_names = STATE_NAMES if self.observation == "privileged" else LEROBOT_STATE_NAMES
+        """The LeRobot feature spec of the observations and actions (cameras as "image" features; a recording stores
+        them as video or PNG)."""
+        state_names = STATE_NAMES if self.observation == "privileged" else PROPRIO_STATE_NAMES
         features: dict[str, dict] = {
             OBS_STATE: {"dtype": "float32", "shape": (len(state_names),), "names": state_names},
             ACTION: {"dtype": "float32", "shape": (ACTION_DIM,), "names": ACTION_NAMES},
