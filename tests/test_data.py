@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from vla.data import action_chunks, as_info, dataset_info, frame_stats, load_stats, split_episodes
+from vla.data import action_chunks, as_info, dataset_info, split_episodes
+from vla.stats import frame_stats, load_stats
 from vla.dataset import ActionChunkDataset, open_dataset
 
 PIPER = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "piper_grape"

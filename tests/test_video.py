@@ -14,7 +14,8 @@ import torch
 
 from vla.cli import main
 from vla.compare import load_split
-from vla.data import action_chunks, check_videos, dataset_info, video_index
+from vla.data import action_chunks, dataset_info
+from vla.videos import check_videos, video_index
 from vla.dataset import MEMORY_BUDGET, ActionChunkDataset, choose_backend, frame_bytes, open_dataset
 from vla.io import read_json
 

@@ -1,12 +1,12 @@
-"""LeRobot v3.0 datasets in: training samples with action chunks, stats, fast chunk extraction, splits.
+"""LeRobot v3.0 datasets in: what a dataset holds, fast chunk extraction, splits (statistics: ``vla.stats``;
+video files: ``vla.videos``).
 
 Everything reads a local dataset folder (``root``, the one holding ``meta/`` and ``data/``), offline.
 
     info = dataset_info(root)                      # fps, episode lengths, features, cameras, dims
-    stats = load_stats(root)                       # {"action": {"q01": [D], "q99": [D], "mean": ...}, ...}
     chunks, is_pad = action_chunks(root, 15)       # float32 [N, 15, D], bool [N, 15]: no images decoded
     train_eps, heldout_eps = split_episodes(root, heldout=0.2, seed=0)
-    stats = frame_stats(root, ["action"], episodes=train_eps)   # exact quantiles, from the frames themselves
+    stats = vla.stats.frame_stats(root, ["action"], episodes=train_eps)   # exact quantiles, from the frames
     ds = vla.dataset.ActionChunkDataset(info, 15, episodes=train_eps)   # torch Dataset of samples
 
 The sample contract (one frame, unbatched; a DataLoader adds the batch dimension):
@@ -23,8 +23,8 @@ Every function takes a dataset folder or the ``DatasetInfo`` read from it (``met
 reads parquet with pyarrow; ``vla.dataset`` serves samples (through LeRobot, or decoded once into memory).
 
 Cameras are stored as LeRobot stores them: ``"video"`` features (one MP4 per camera per file of episodes, LeRobot's
-default, AV1) or ``"image"`` features (PNG frames inside the parquet rows: exact pixels). ``check_videos`` finds
-the video files a dataset's episode table names but the folder lacks.
+default, AV1) or ``"image"`` features (PNG frames inside the parquet rows: exact pixels); ``vla.videos.check_videos``
+finds the video files a dataset's episode table names but the folder lacks.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
-from vla.io import atomic_write_text, read_json, write_json
+from vla.io import read_json
 from vla.names import suggestion
 
 IMAGE_PREFIX = OBS_IMAGES + "."  # camera keys: observation.images.<camera> (the one definition)
@@ -156,70 +156,6 @@ def dataset_info(root: str | Path) -> DatasetInfo:
     )
 
 
-def load_stats(root: str | Path) -> dict[str, dict[str, np.ndarray]]:
-    """``meta/stats.json`` as arrays: ``{feature: {"min", "max", "mean", "std", "q01", ..., "q99", "count"}}``.
-
-    LeRobot computes min/max/mean/std exactly over all frames; its quantiles are the frame-weighted mean
-    of per-episode histogram quantiles, which is not a quantile of the data at all (lerobot issue #4156). It
-    is far too narrow wherever the data varies more between episodes than within one: on the default push-v3
-    dataset the puck's x range comes out at 35% of the true q01..q99 and the goal's at 0 (constant within an
-    episode, so every episode's q01 equals its q99). Normalise with ``frame_stats`` instead.
-    """
-    root = _check_root(root)
-    path = root / "meta" / "stats.json"
-    if not path.is_file():
-        raise ValueError(
-            f"{path} is missing; LeRobot writes it when a recording is finalised. Recompute it with "
-            "lerobot's compute_stats, or normalise with stats you fit yourself."
-        )
-    raw = read_json(path, "dataset stats")
-    return {feature: {name: np.asarray(v) for name, v in stats.items()} for feature, stats in raw.items()}
-
-
-def frame_stats(
-    root: str | Path | DatasetInfo, features: list[str], episodes: list[int] | None = None
-) -> dict[str, dict[str, np.ndarray]]:
-    """Exact statistics of vector features over the chosen episodes' frames (all when None), in
-    ``load_stats``' layout: ``{feature: {"min", "max", "mean", "std", "q01", "q99", "count"}}``.
-
-    Reads only those columns (no images): a million 39-D states are ~160 MB for the moment it takes.
-    """
-    info = as_info(root)
-    missing = [f for f in features if f not in info.features]
-    if missing:
-        raise ValueError(f"{info.root} has no feature {', '.join(map(repr, missing))} (it has {sorted(info.features)})")
-    chosen = info.episode_index.tolist() if episodes is None else sorted(int(e) for e in episodes)
-    if not chosen:
-        raise ValueError("frame_stats needs at least one episode")
-    frames = _read_frames(info, chosen, list(features))
-    for name, problem in nonfinite(frames, list(features)).items():
-        raise ValueError(f"{info.root}: '{name}' holds NaN or inf: {problem}. Fix or drop those frames (or the "
-                         "episode) in the dataset; training cannot normalise them")  # fmt: skip
-    return {name: array_stats(frames[name]) for name in features}
-
-
-def array_stats(x: np.ndarray) -> dict[str, np.ndarray]:
-    """Exact statistics of rows ``[N, D]`` in ``load_stats``' layout (min, max, mean, std, count, q01..q99)."""
-    x = np.asarray(x, dtype=np.float64)
-    stats = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0), "count": np.array([len(x)])}
-    return stats | {f"q{round(q * 100):02d}": np.quantile(x, q, axis=0) for q in (0.01, 0.10, 0.50, 0.90, 0.99)}
-
-
-def write_exact_stats(root: str | Path | DatasetInfo) -> Path:
-    """Replace ``meta/stats.json``'s entries for the action and state with exact statistics of every frame (LeRobot's
-    layout, so every LeRobot policy trained on the dataset normalises with them); the original is kept beside it as
-    ``stats.json.orig`` (once), and the new file is written atomically. Returns the new file's path."""
-    info = as_info(root)
-    path = info.root / "meta" / "stats.json"
-    old = read_json(path, "dataset stats") if path.is_file() else {}
-    exact = frame_stats(info, [f for f in (ACTION, OBS_STATE) if f in info.features])
-    if path.is_file() and not (info.root / "meta" / "stats.json.orig").exists():
-        atomic_write_text(info.root / "meta" / "stats.json.orig", path.read_text())
-    new = old | {name: {k: v.tolist() for k, v in entry.items()} for name, entry in exact.items()}
-    write_json(path, new)
-    return path
-
-
 def nonfinite(frames: dict[str, np.ndarray], features: list[str]) -> dict[str, str]:
     """Per feature holding NaN or inf (of frames ``_read_frames`` read): how many values, and where the first is."""
     out = {}
@@ -237,71 +173,6 @@ def check_values(root: str | Path | DatasetInfo) -> dict[str, str]:
     info = as_info(root)
     features = [f for f in (ACTION, OBS_STATE) if f in info.features]
     return nonfinite(_read_frames(info, info.episode_index.tolist(), features), features)
-
-
-def video_index(root: str | Path | DatasetInfo, key: str) -> dict[str, np.ndarray]:
-    """Where camera ``key``'s frames of each episode live, from the episode table: ``episode_index`` int64 [E],
-    ``path`` [E] (the MP4 file, under the dataset's folder) and ``from_timestamp`` float64 [E] (the episode's first
-    frame's time in that file), in episode order. ``key`` must be a video feature."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    info = as_info(root)
-    if info.features.get(key, {}).get("dtype") != "video":
-        videos = ", ".join(video_keys(info)) or "none"
-        raise ValueError(f"{key!r} is not a video feature of {info.root} (its videos: {videos})")
-    columns = [f"videos/{key}/{name}" for name in ("chunk_index", "file_index", "from_timestamp")]
-    files = sorted((info.root / "meta" / "episodes").glob("*/*.parquet"))
-    try:
-        table = pa.concat_tables(pq.read_table(f, columns=["episode_index", *columns]) for f in files)
-    except (KeyError, pa.ArrowInvalid) as err:
-        raise ValueError(f"{info.root}'s episode table has no video columns for {key} ({err}); the dataset's meta/ "
-                         "is incomplete: copy or record it again") from None  # fmt: skip
-    order = np.argsort(table.column("episode_index").to_numpy())
-    chunk, file, start = (table.column(c).to_numpy()[order] for c in columns)
-    template = info.video_path or "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-    paths = [info.root / template.format(video_key=key, chunk_index=int(c), file_index=int(f))
-             for c, f in zip(chunk, file)]  # fmt: skip
-    return {"episode_index": table.column("episode_index").to_numpy()[order].astype(np.int64),
-            "path": np.array(paths, dtype=object), "from_timestamp": start.astype(np.float64)}  # fmt: skip
-
-
-def video_keys(root: str | Path | DatasetInfo) -> list[str]:
-    """The cameras stored as video (the rest of ``camera_keys`` are PNG frames in the parquet rows)."""
-    info = as_info(root)
-    return [k for k in info.camera_keys if info.features[k]["dtype"] == "video"]
-
-
-def check_videos(
-    root: str | Path | DatasetInfo, keys: list[str] | None = None, episodes: list[int] | None = None
-) -> None:
-    """A ``ValueError`` naming the first missing video file (and how many are missing) among the cameras ``keys``
-    (None: every video camera) of ``episodes`` (None: all); nothing when every file is there. Reads ``meta/`` only."""
-    info = as_info(root)
-    chosen = set(_check_episodes(info, episodes))
-    for key in [k for k in (info.camera_keys if keys is None else keys) if k in video_keys(info)]:
-        index = video_index(info, key)
-        wanted = dict.fromkeys(p for e, p in zip(index["episode_index"], index["path"]) if int(e) in chosen)
-        missing = [p for p in wanted if not p.is_file()]
-        if missing:
-            episodes_in = [int(e) for e, p in zip(index["episode_index"], index["path"]) if p == missing[0]]
-            raise ValueError(
-                f"{info.root} lacks the video file {missing[0].relative_to(info.root)} of camera {key} (episodes "
-                f"{_ranges(episodes_in)}; {len(missing)} of its {len(wanted)} files are missing). Copy the dataset's "
-                "videos/ folder again (or record it again); to train without this camera, leave it out of image_keys "
-                "(without any camera: image_keys=[] and backend='memory' read actions and state only)"
-            )
-
-
-def _ranges(ids: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out, ids = [], sorted(ids)
-    for i in ids:
-        if out and i == out[-1][1] + 1:
-            out[-1][1] = i
-        else:
-            out.append([i, i])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
 
 
 def split_episodes(

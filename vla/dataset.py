@@ -33,10 +33,8 @@ from vla.data import (
     _chunks_at,
     _read_frames,
     as_info,
-    check_videos,
-    video_index,
-    video_keys,
 )
+from vla.videos import check_videos, video_index, video_keys
 
 BACKENDS = ("lerobot", "memory", "auto")
 MEMORY_BUDGET = 2 * 1024**3  # bytes of decoded uint8 frames "auto" keeps in memory

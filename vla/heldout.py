@@ -41,6 +41,7 @@ from vla import data
 from vla.dataset import ActionChunkDataset
 from vla.io import atomic_write_text
 from vla.pipeline import IMAGES, SEQUENCE, packed, run
+from vla.stats import frame_stats
 
 REPORT = "offline_report"  # .json, .md, .png in the run folder
 CURVES = "heldout.png"
@@ -76,7 +77,7 @@ class Heldout:
         batch = torch.utils.data.default_collate([ds[int(i)] for i in picked])
         target = batch.pop(ACTION).double().numpy()  # [N, T, D]
         inside = ~batch.pop(f"{ACTION}_is_pad").numpy()  # [N, T]
-        stats = data.frame_stats(info, [ACTION], episodes=train_episodes)[ACTION]
+        stats = frame_stats(info, [ACTION], episodes=train_episodes)[ACTION]
         scale = at.Normalizer.from_stats(stats, "quantile").scale.astype(np.float64)
         names = info.action_names or [f"action[{i}]" for i in range(target.shape[2])]
         mean = np.broadcast_to(stats["mean"], target.shape)

@@ -31,6 +31,7 @@ from torch import nn
 import action_tokenizers as at
 from vla import data
 from vla.io import atomic_directory, read_json, write_json
+from vla.stats import frame_stats
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -151,7 +152,7 @@ def train_regression(
     if (info.state_dim, info.action_dim) != (config.state_dim, config.action_dim):
         raise ValueError(f"{root} holds S={info.state_dim}, D={info.action_dim}; the config says "
                          f"S={config.state_dim}, D={config.action_dim}")  # fmt: skip
-    stats = data.frame_stats(info, [ACTION, OBS_STATE])  # exact quantiles, as vla train's normalisers
+    stats = frame_stats(info, [ACTION, OBS_STATE])  # exact quantiles, as vla train's normalisers
     chunks, is_pad = data.action_chunks(info, config.time_horizon)  # [N, T, D], [N, T]
     states = data.chunk_states(info)  # [N, S]
     torch.manual_seed(seed)

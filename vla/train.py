@@ -53,6 +53,7 @@ from vla.io import atomic_write_text
 from vla.heldout import CURVES, Heldout, plot_curves, write_report
 from vla.pipeline import Collate, RelativeActions
 from vla.policy import VLAPolicy
+from vla.stats import array_stats, frame_stats
 from vla.text import prompt_words
 
 
@@ -106,14 +107,14 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
         state_dim=0 if stateless else info.state_dim,
         init_seed=cfg.seed if cfg.policy.init_seed is None else cfg.policy.init_seed,
     ), info)  # fmt: skip
-    # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see data.load_stats).
-    stats = data.frame_stats(info, ["action"] if stateless else ["action", OBS_STATE], episodes=train_episodes)
+    # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see vla.stats.load_stats).
+    stats = frame_stats(info, ["action"] if stateless else ["action", OBS_STATE], episodes=train_episodes)
     chunks, _ = data.action_chunks(info, horizon, episodes=train_episodes)
     mask = config.relative_mask()
     if mask is not None:
         states = data.chunk_states(info, episodes=train_episodes)
         chunks = RelativeActions(mask, tuple(config.action_state_dims))({ACTION: chunks, OBS_STATE: states})[ACTION]
-        stats["action"] = data.array_stats(chunks.reshape(-1, chunks.shape[-1]))
+        stats["action"] = array_stats(chunks.reshape(-1, chunks.shape[-1]))
     action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
     state_norm = None if stateless else at.Normalizer.from_stats(stats[OBS_STATE], "quantile")
     pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None

@@ -183,7 +183,7 @@ def normalizer_from_stats(stats: dict[str, dict[str, Any]] | None, key: str, mod
             logger.warning(
                 "%s: dimensions %s vary (min < max) but their q01 == q99 in these stats, so quantile normalisation "
                 "hides them. LeRobot's stats.json averages per-episode quantiles; normalise with exact ones "
-                "(`vla data stats`, or vla.data.frame_stats as `vla train` does) or use the mean_std mode.",
+                "(`vla data stats`, or vla.stats.frame_stats as `vla train` does) or use the mean_std mode.",
                 key, collapsed.tolist(),
             )  # fmt: skip
     return at.Normalizer.from_stats(entry, mode)

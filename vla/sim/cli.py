@@ -164,7 +164,7 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from vla.data import write_exact_stats
+    from vla.stats import write_exact_stats
 
     print(f"wrote exact frame statistics of the action and state to {write_exact_stats(args.root)} "
           "(the original kept as stats.json.orig)")  # fmt: skip
@@ -172,7 +172,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from vla.data import check_values, check_videos, dataset_info
+    from vla.data import check_values, dataset_info
+    from vla.videos import check_videos
 
     info = dataset_info(args.root)
     print(info.describe())
