@@ -115,6 +115,38 @@ def test_lerobots_loaded_processors_and_the_policy_give_vlas_actions(tmp_path):
     assert torch.allclose(loss_vla, loss_lerobot, atol=1e-6)
 
 
+def test_lerobot_rollouts_inference_engine_runs_the_saved_policy(tmp_path):
+    """``lerobot-rollout --policy.path=...`` (LeRobot 0.6's deployment command; ``lerobot-record`` only records
+    teleoperation now) loads the policy with its own loader and runs each tick through ``SyncInferenceEngine``: robot
+    observation frame -> LeRobot's pre-processor -> ``select_action`` -> post-processor -> named robot action. Here the
+    robot is the test: the actions are the ones vla's own path gives."""
+    from lerobot.configs import PreTrainedConfig
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.rollout.context import _load_pretrained_policy
+    from lerobot.rollout.inference.sync import SyncInferenceEngine
+
+    from vla.policy import VLAPolicy
+
+    policy = _policy_with_a_constant_state_dim()
+    policy.save_pretrained(tmp_path / "ckpt")
+    config = PreTrainedConfig.from_pretrained(tmp_path / "ckpt")
+    config.pretrained_path = tmp_path / "ckpt"
+    loaded = _load_pretrained_policy(config)
+    assert isinstance(loaded, VLAPolicy)
+    pre, post = make_pre_post_processors(config, pretrained_path=str(tmp_path / "ckpt"))
+    names = ["x", "y", "z"]
+    features = {"action": {"dtype": "float32", "shape": (3,), "names": names}}
+    engine = SyncInferenceEngine(loaded, pre, post, features, names, task="push the puck", device="cpu",
+                                 robot_type="test")  # fmt: skip
+    engine.reset()
+    states = _raw_batch(b=1)["observation.state"]
+    expected = policy.predict_action_chunk({"observation.state": states, "task": ["push the puck"]})[0]  # [T, 3]
+    for t in range(policy.config.n_action_steps):  # one chunk's actions, one per tick, for the same observation
+        action = engine.get_action({"observation.state": states[0].numpy().copy()})
+        assert action.shape == (3,)
+        assert torch.allclose(action, expected[t], atol=1e-5)
+
+
 def test_normalisation_steps_without_their_state_are_refused(tmp_path):
     from vla.policy.processor_vla import VLANormalizerProcessorStep
 

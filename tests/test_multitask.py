@@ -53,3 +53,29 @@ def test_the_same_observation_gets_the_action_its_instruction_asks_for(two_task_
         chunks = policy.predict_action_chunk(batch).numpy()  # [2, T, 2]
     left, right = chunks[0, :, 0], chunks[1, :, 0]
     assert np.all(left < -0.5) and np.all(right > 0.5), chunks
+
+
+def test_balance_tasks_draws_each_task_equally_often(tmp_path):
+    """One task with three times the other's frames: balanced sampling draws each about half the time."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from vla.dataset import ActionChunkDataset
+
+    root = tmp_path / "unbalanced"
+    features = {"observation.state": {"dtype": "float32", "shape": (3,), "names": ["x", "y", "z"]},
+                "action": {"dtype": "float32", "shape": (2,), "names": ["dx", "dy"]}}  # fmt: skip
+    ds = LeRobotDataset.create("local/unbalanced", fps=10, features=features, root=root, use_videos=False)
+    for episode in range(8):
+        task = list(TASKS)[int(episode >= 2)]  # 2 episodes to the left, 6 to the right
+        for _ in range(12):
+            ds.add_frame({"observation.state": STATE, "action": np.array([TASKS[task], 0.0], np.float32), "task": task})
+        ds.save_episode()
+    ds.finalize()
+    dataset = ActionChunkDataset(root, 2, episodes=[0, 1, 2, 3, 5, 6, 7], backend="memory")  # 2 left, 5 right
+    weights = train.task_weights(dataset)
+    left = np.array([dataset[i]["task"] == "slide the block to the left" for i in range(len(dataset))])
+    assert left.sum() == 24 and len(left) == 84
+    np.testing.assert_allclose(weights[left], 1 / 24)
+    np.testing.assert_allclose(weights[~left], 1 / 60)
+    drawn = sum(list(train.StepBatchSampler(len(dataset), 64, seed=0, start_step=0, steps=40, weights=weights)), [])
+    assert 0.42 < left[drawn].mean() < 0.58  # 29% of the frames, half of the draws

@@ -174,7 +174,15 @@ def test_predict_and_the_action_queue():
         torch.testing.assert_close(actions[k], chunk[:, k])  # greedy: the same chunk again
     assert actions[4].shape == (2, D)
     policy.reset()
-    assert len(policy._queue) == 0 and policy._previous_action is None
+    assert policy._actions.needs_chunk() and policy._previous_action is None
+    policy.config.temporal_ensemble = 0.5  # ACT's ensemble, a chunk every n_action_steps = 4 calls, read at reset
+    policy.reset()
+    ensembled = [policy.select_action(batch) for _ in range(5)]
+    assert policy.decode_stats.chunks == 6 + 2 * 2
+    for k in range(4):  # one chunk covers steps 0..3; step 4 averages the first chunk's [4] and the second's [0]
+        torch.testing.assert_close(ensembled[k], chunk[:, k])
+    w = torch.tensor([1.0, np.exp(-0.5)])
+    torch.testing.assert_close(ensembled[4], (w[0] * chunk[:, 4] + w[1] * chunk[:, 0]) / w.sum())
 
 
 @pytest.mark.parametrize("name", ["fast", "bin", "fsq", "fast_state_embedding"])

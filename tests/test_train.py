@@ -137,3 +137,15 @@ def test_heldout_measurement_leaves_training_alone(tiny_dataset_root, tmp_path):
     report = json.loads((tmp_path / "a" / "offline_report.json").read_text())
     assert report["beats_hold_state"] is None and "action_state_dims" in report["hold_state_undefined_because"]
     assert "not defined" in (tmp_path / "a" / "offline_report.md").read_text()
+
+
+def test_weighted_step_sampler_draws_by_weight_and_resumes():
+    weights = np.array([1.0] * 8 + [0.0] * 2)
+    a = train.StepBatchSampler(10, 4, seed=1, start_step=0, steps=50, weights=weights)
+    b = train.StepBatchSampler(10, 4, seed=1, start_step=20, steps=50, weights=weights)
+    assert list(a)[20:] == list(b)
+    drawn = sum(list(a), [])
+    assert set(drawn) == set(range(8))  # weight 0 never drawn
+    with pytest.raises(ValueError, match="sampling weights"):
+        train.StepBatchSampler(10, 4, seed=1, start_step=0, steps=5, weights=np.zeros(10))
+

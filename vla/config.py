@@ -91,6 +91,9 @@ class TrainConfig:
     eval_chunks: int = 64
     report_chunks: int = 512
     steps: int = 3000  # optimiser steps
+    # Sample every task (the dataset's LeRobot tasks: a multi-task recording's instructions) equally often, each frame
+    # weighted by 1 / its task's frames; False: every frame equally, so tasks with long episodes dominate.
+    balance_tasks: bool = False
     batch_size: int = 32  # samples per step, over all processes
     ema_decay: float = 0.999  # EMA of the weights; 0 turns it off. The final policy uses the EMA weights.
     save_every: int = 500  # checkpoint every this many steps (and at the end)

@@ -11,7 +11,9 @@ Everything reads a local dataset folder (``root``, the one holding ``meta/`` and
 
 The sample contract (one frame, unbatched; a DataLoader adds the batch dimension):
 
-    "observation.state"            float32 [S]      (absent when the dataset has no state: an image-only policy)
+    "observation.state"            float32 [S]      (absent when the dataset has no state: an image-only policy;
+                                   float32 [n, S]   with obs_steps = n > 1: the last n frames, oldest first, the
+                                                    episode's first repeated before it starts, as LeRobot pads)
     "observation.images.<camera>"  float32 [3, H, W] in [0, 1]   one per camera kept (none for state-only data)
     "task"                         str
     "action"                       float32 [T, D]   actions t .. t+T-1 of the frame's episode
@@ -227,6 +229,23 @@ def chunk_states(root: str | Path | DatasetInfo, *, episodes: list[int] | None =
     info = as_info(root)
     frames = _read_frames(info, _check_episodes(info, episodes), [OBS_STATE])
     return frames[OBS_STATE][frames["frame_in_episode"] % stride == 0].astype(np.float32, copy=False)
+
+
+def frame_tasks(root: str | Path | DatasetInfo, *, episodes: list[int] | None = None) -> np.ndarray:
+    """int64 [F]: each frame's ``task_index`` over ``episodes`` (None: all), in dataset order, which is the order of
+    ``ActionChunkDataset``'s samples (all 0 when the dataset stores no task)."""
+    info = as_info(root)
+    frames = _read_frames(info, _check_episodes(info, episodes), [])
+    return frames.get("task_index", np.zeros(len(frames["index"]))).astype(np.int64)
+
+
+def state_changes(root: str | Path | DatasetInfo, *, episodes: list[int] | None = None) -> np.ndarray:
+    """float64 [F, S]: each frame's state minus the previous frame's in its episode (0 at an episode's first frame),
+    over ``episodes`` (None: all): the motion a state history shows."""
+    info = as_info(root)
+    frames = _read_frames(info, _check_episodes(info, episodes), [OBS_STATE])
+    states = frames[OBS_STATE].astype(np.float64)
+    return states - states[np.maximum(np.arange(len(states)) - 1, frames["episode_start"])]
 
 
 def _chunks_at(

@@ -48,10 +48,13 @@ def open_dataset(
     *,
     episodes: list[int] | None = None,
     image_keys: list[str] | None = None,
+    obs_steps: int = 1,
 ):
     """A ``LeRobotDataset`` over ``root`` whose ``action`` is the chunk of ``time_horizon`` steps.
 
-    Each item holds LeRobot's keys, ``action`` [T, D] and ``action_is_pad`` [T] (``delta_timestamps``).
+    Each item holds LeRobot's keys, ``action`` [T, D] and ``action_is_pad`` [T] (``delta_timestamps``); with
+    ``obs_steps = n`` > 1 also ``observation.state`` [n, S], the last n frames (the first repeated at an episode's
+    start).
     ``image_keys`` chooses the cameras decoded and returned (None: all; ``[]``: none, for state-only
     training on a dataset with cameras); the others are dropped from this object's metadata, never from
     the files.
@@ -71,7 +74,8 @@ def open_dataset(
         repo_id=f"local/{info.root.name}",  # never contacted: root holds the files
         root=info.root,
         episodes=None if episodes is None else selected,
-        delta_timestamps={ACTION: [k / info.fps for k in range(time_horizon)]},
+        delta_timestamps={ACTION: [k / info.fps for k in range(time_horizon)],
+                          **({OBS_STATE: [k / info.fps for k in range(1 - obs_steps, 1)]} if obs_steps > 1 else {})},
         tolerance_s=TOLERANCE_S,
         video_backend=VIDEO_BACKEND,  # also skips LeRobot's probe of torchcodec (a traceback where it cannot load)
     )
@@ -141,6 +145,7 @@ class ActionChunkDataset(torch.utils.data.Dataset):
         image_size: int | None = None,
         backend: str = "lerobot",
         progress: bool = True,
+        obs_steps: int = 1,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -148,17 +153,22 @@ class ActionChunkDataset(torch.utils.data.Dataset):
             raise ValueError(f"image_size is a positive number of pixels or None (as stored), got {image_size}")
         self.info = as_info(root)
         self.time_horizon = time_horizon
+        if obs_steps < 1:
+            raise ValueError(f"obs_steps is the number of state frames a sample holds (>= 1), got {obs_steps}")
+        self.obs_steps = obs_steps
         self.image_keys = _check_image_keys(self.info, image_keys)
         self.image_size = image_size
         selected = _check_episodes(self.info, episodes)
         _check_time_horizon(self.info, time_horizon, selected)
+        self.episodes = selected  # the episodes whose frames are the samples, in dataset order
         self.backend_reason = f"backend={backend!r} asked for"
         if backend == "auto":
             backend, self.backend_reason = choose_backend(self.info, self.image_keys, image_size, selected)
         self.backend = backend
         self._state = self.info.state_dim is not None
         if backend == "lerobot":
-            self.lerobot = open_dataset(self.info, time_horizon, episodes=episodes, image_keys=self.image_keys)
+            self.lerobot = open_dataset(self.info, time_horizon, episodes=episodes, image_keys=self.image_keys,
+                                        obs_steps=obs_steps)  # fmt: skip
             self._length = len(self.lerobot)
         else:
             check_videos(self.info, self.image_keys, selected)  # before any decoding: nothing done in vain
@@ -182,7 +192,8 @@ class ActionChunkDataset(torch.utils.data.Dataset):
             f"{ACTION}_is_pad": item[f"{ACTION}_is_pad"].bool(),  # [T]
         }
         if self._state:
-            sample[OBS_STATE] = item[OBS_STATE].float().reshape(-1)  # [S]
+            state = item[OBS_STATE].float()
+            sample[OBS_STATE] = state if self.obs_steps > 1 else state.reshape(-1)  # [S] or [n, S]
         for key in self.image_keys:
             sample[key] = _resized(item[key].float(), key, self.image_size)  # [3, H, W] in [0, 1]
         return sample
@@ -199,7 +210,9 @@ class ActionChunkDataset(torch.utils.data.Dataset):
             f"{ACTION}_is_pad": torch.from_numpy(is_pad[0]),  # [T]
         }
         if self._state:
-            sample[OBS_STATE] = torch.from_numpy(self._frames[OBS_STATE][i].astype(np.float32))  # [S]
+            rows = np.maximum(i + np.arange(1 - self.obs_steps, 1), self._frames["episode_start"][i])
+            state = self._frames[OBS_STATE][rows if self.obs_steps > 1 else i]  # [n, S] (first frame repeated) or [S]
+            sample[OBS_STATE] = torch.from_numpy(state.astype(np.float32))
         for key, frames in self._images.items():
             sample[key] = frames[i].float() / 255  # [3, H, W] in [0, 1], LeRobot's conversion
         return sample

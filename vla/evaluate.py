@@ -126,6 +126,7 @@ def evaluate(
     *,
     seed_start: int = EVAL_SEED_START,
     n_action_steps: int | None = None,
+    ensemble: float | None = None,
     max_steps: int | None = None,
     num_envs: int = 10,
     gif_episodes: int = 0,
@@ -134,7 +135,8 @@ def evaluate(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Closed-loop episodes on seeds ``seed_start ..``, ``num_envs`` at a time (the policy decodes their chunks
-    as one batch; results do not depend on ``num_envs`` beyond floating-point noise in the batched forward)."""
+    as one batch; results do not depend on ``num_envs`` beyond floating-point noise in the batched forward).
+    ``n_action_steps`` and ``ensemble`` (temporal ensembling's coefficient) default to the policy's."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     if num_envs < 1:
@@ -160,7 +162,10 @@ def evaluate(
     if seed_start < EVAL_SEED_START:
         raise ValueError(f"evaluation seeds start at {EVAL_SEED_START}; {seed_start} could overlap training seeds")
     image_keys = list(config.image_keys)
-    steps = config.n_action_steps if n_action_steps is None else n_action_steps
+    if n_action_steps is None:  # an ensemble asked for here predicts every step unless told otherwise (ACT)
+        n_action_steps = 1 if ensemble is not None and config.temporal_ensemble is None else config.n_action_steps
+    steps = n_action_steps
+    ensemble = config.temporal_ensemble if ensemble is None else ensemble
     names = env_names(env_name)
     runner = ChunkPolicy(policy)
     frames: dict[int, list[np.ndarray]] = {}
@@ -190,7 +195,8 @@ def evaluate(
 
         bar = tqdm(total=len(episode_list), desc=f"eval {env_name}", unit="ep")
     try:
-        results = run_episodes(envs, runner, episode_list, n_action_steps=steps, on_step=on_step,
+        results = run_episodes(envs, runner, episode_list, n_action_steps=steps, ensemble=ensemble,
+                               obs_steps=config.n_obs_steps, on_step=on_step,
                                on_episode=(lambda r: bar.update(1)) if bar else None)  # fmt: skip
     finally:
         if bar is not None:
@@ -201,6 +207,7 @@ def evaluate(
     batch_lat = np.asarray(runner.batch_latencies_ms)
     common = dict(
         n_action_steps=steps,
+        temporal_ensemble=ensemble,
         num_envs=len(envs),
         chunks=len(runner.valid),
         latency_ms_mean=float(single.mean()),  # one observation at a time: what a robot waits for
@@ -293,6 +300,10 @@ def add_cli(subparsers) -> None:
     p.add_argument("--episodes", type=int, default=50, help="evaluation episodes per task (default: %(default)s)")
     p.add_argument("--seed-start", type=int, default=EVAL_SEED_START)
     p.add_argument("--n-action-steps", type=int, default=None, help="actions run per chunk (default: the policy's)")
+    p.add_argument("--temporal-ensemble", type=float, default=None, metavar="COEFF",
+                   help="ACT's temporal ensembling: predict a chunk every --n-action-steps (default 1) and run the "
+                   "weighted mean of the chunks covering each step, weights exp(-COEFF * i), oldest first (ACT: 0.01; "
+                   "default: the policy's temporal_ensemble, none)")
     p.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the simulator's)")
     p.add_argument("--num-envs", type=int, default=10, help="episodes run at once, their chunks decoded as one batch")
     p.add_argument("--observation", choices=["privileged", "proprio", "lerobot"], default=None,
@@ -307,7 +318,8 @@ def _run(args: argparse.Namespace) -> int:
     out = args.out or args.policy.parent / f"eval_{args.task.replace(',', '+')}"
     report = evaluate(
         args.policy, f"{args.env}/{args.task}", args.episodes, seed_start=args.seed_start,
-        n_action_steps=args.n_action_steps, max_steps=args.max_steps, num_envs=args.num_envs, gif_episodes=args.gif,
+        n_action_steps=args.n_action_steps, ensemble=args.temporal_ensemble, max_steps=args.max_steps,
+        num_envs=args.num_envs, gif_episodes=args.gif,
         env_options={"observation": args.observation} if args.observation else None, out_dir=out,
     )  # fmt: skip
     if "tasks" in report:

@@ -40,7 +40,7 @@ import action_tokenizers as at
 from vla import data
 from vla.dataset import ActionChunkDataset
 from vla.io import atomic_write_text
-from vla.pipeline import IMAGES, SEQUENCE, packed, run
+from vla.pipeline import IMAGES, SEQUENCE, current_state, packed, run
 from vla.stats import frame_stats
 
 REPORT = "offline_report"  # .json, .md, .png in the run folder
@@ -72,7 +72,7 @@ class Heldout:
             raise ValueError("held-out measurement needs held-out episodes; set --heldout_episodes (e.g. 0.1)")
         image_keys = list(config.image_keys)
         ds = ActionChunkDataset(info, config.time_horizon, episodes=episodes, image_keys=image_keys,
-                                backend="lerobot" if image_keys else "memory")  # fmt: skip
+                                backend="lerobot" if image_keys else "memory", obs_steps=config.n_obs_steps)  # fmt: skip
         picked = np.unique(np.linspace(0, len(ds) - 1, min(n_chunks, len(ds))).round().astype(int))
         batch = torch.utils.data.default_collate([ds[int(i)] for i in picked])
         target = batch.pop(ACTION).double().numpy()  # [N, T, D]
@@ -88,7 +88,7 @@ class Heldout:
                    "name or dimension; set policy.action_state_dims to define it")  # fmt: skip
             baselines["hold_state"] = None
         else:
-            state = batch[OBS_STATE].double().numpy()[:, list(config.action_state_dims)]  # [N, D]
+            state = current_state(batch[OBS_STATE].double().numpy())[:, list(config.action_state_dims)]  # [N, D]
             hold = np.broadcast_to(state[:, None, :], target.shape)
             baselines["hold_state"] = errors(hold, target, inside, scale)
         return cls(batch, target, inside, scale, list(episodes), names, baselines, why)

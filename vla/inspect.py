@@ -38,7 +38,7 @@ def sample_of(policy: VLAPolicy, dataset: Path | None, index: int) -> dict[str, 
         from vla.dataset import ActionChunkDataset
 
         ds = ActionChunkDataset(dataset, config.time_horizon, image_keys=list(config.image_keys),
-                                backend="lerobot" if config.image_keys else "memory")  # fmt: skip
+                                backend="lerobot" if config.image_keys else "memory", obs_steps=config.n_obs_steps)  # fmt: skip
         if not 0 <= index < len(ds):
             raise ValueError(f"--index {index} is outside the dataset's {len(ds)} samples")
         return ds[index]

@@ -6,7 +6,8 @@ Two verbs:
 
 Sizes come from named presets (``PRESETS``): ``tiny`` trains on a laptop CPU, ``small`` is a ~50M model for a GPU,
 ``paligemma-3b`` is the real shape (Gemma 2B + SigLIP So400m/14 at 224 px) and loads weights from a local copy of
-a public PaliGemma checkpoint. ``micro`` exists for tests only.
+a public PaliGemma checkpoint. ``micro`` exists for tests only. ``vision_encoder="keypoints"`` swaps the SigLIP tower
+for ``vla.vision.KeypointEncoder`` (a conv stem and a spatial softmax, one token per keypoint); everything else stays.
 
 How the mask reaches PaliGemma: we pass our own 4-D additive mask (``vla.sequence.prefix_lm_mask``, 0 where a query
 may attend a key, the dtype's minimum elsewhere). transformers' mask builder returns a 4-D mask unchanged, so
@@ -17,6 +18,7 @@ the same code path serves training, prefill and cached decoding, and padding nev
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
 from .names import check_name
 from .sequence import Sequence, VocabMap
+from .vision import STRIDE, VISION_ENCODERS, KeypointEncoder
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ def build_model(
     state_dim: int | None = None,
     state_tokens: int = 0,
     query_slots: int = 0,
+    vision_encoder: str = "siglip",
 ) -> PrefixLM:
     """A ``PrefixLM`` of the named size over ``vocab``.
 
@@ -140,7 +144,12 @@ def build_model(
     exactly this ``PaliGemmaConfig`` (what a saved policy stores) instead of the preset's. ``state_tokens`` > 0 adds a
     ``StateEncoder`` from a ``state_dim`` state to that many prefix embeddings (``state_encoding="embedding"``).
     ``query_slots`` > 0 adds a ``SlotEmbedding`` of that many learned inputs (``decoding="parallel"``).
+    ``vision_encoder``: ``"siglip"`` (PaliGemma's tower) or ``"keypoints"``: the tower is replaced by a randomly
+    initialised ``KeypointEncoder`` giving as many tokens per camera as SigLIP would (``PrefixLM.image_tokens``), at
+    SigLIP's width, so the projector, the image placeholders and both decoding paths read it unchanged (the backbone
+    config, saved with a policy, still describes a SigLIP tower: its image size, patch size and width set the shapes).
     """
+    vision_encoder = check_name("vision encoder", vision_encoder, VISION_ENCODERS)
     spec = get_preset(preset)
     if pretrained_path is not None:
         path = Path(pretrained_path)
@@ -184,7 +193,19 @@ def build_model(
                 torch.manual_seed(seed + 2)
             hidden = backbone.config.text_config.hidden_size
             slots = SlotEmbedding(query_slots, hidden).to(device=backbone.device, dtype=dtype)
-    return PrefixLM(backbone, encoder, slots)
+    model = PrefixLM(backbone, encoder, slots)
+    if vision_encoder == "keypoints":
+        if model.image_size % STRIDE:
+            size, step = model.image_size, math.lcm(STRIDE, int(backbone.config.vision_config.patch_size))
+            raise ValueError(f"the keypoint encoder reads images whose size is a multiple of {STRIDE}, but the "
+                             f"backbone's is {size}; set image_size to e.g. {size - size % step or step}")  # fmt: skip
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed + 3)
+            width = backbone.config.vision_config.hidden_size  # the projector's input
+            tower = KeypointEncoder(width, model.image_tokens).to(device=backbone.device, dtype=dtype)
+        backbone.model.vision_tower = tower
+    return model
 
 
 class StateEncoder(nn.Module):
@@ -248,7 +269,7 @@ class PrefixLM(nn.Module):
 
     @property
     def image_tokens(self) -> int:
-        """Image tokens per camera: one per patch."""
+        """Image tokens per camera: one per patch (the keypoint encoder gives as many keypoints)."""
         return (self.image_size // int(self.backbone.config.vision_config.patch_size)) ** 2
 
     @property

@@ -3,7 +3,8 @@ ids out -> detokenise -> unnormalise. Training, evaluation, comparison and servi
 
 Each step is a small frozen dataclass over a *batch* (a dict, the contract below), returning a new dict:
 
-    "observation.state"            float [B, S]          raw, then normalised by Normalize ([B, 0] without state)
+    "observation.state"            float [B, S]          raw, then normalised by Normalize ([B, 0] without state);
+                                   float [B, n, S]       with ``n_obs_steps = n`` > 1: the last n frames, oldest first
     "observation.images.<camera>"  float [B, 3, H, W]    in [0, 1] (uint8 accepted), one per camera
     "task"                         list[str], B          the instruction
     "action"                       float [B, T, D]       raw, then normalised (training), or decoded (outputs)
@@ -53,15 +54,18 @@ class Transform(Protocol):
 # --- in ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CheckBatch:
-    """A batch as the pipeline needs it: state float64 [B, S], one task string per row, the cameras, and (in
-    training) action chunks [B, T, D]. Anything else is a clear error here, before any work. ``state_dim=0``: a
-    policy without state (image-only); the state is then ``[B, 0]`` whatever the batch holds."""
+    """A batch as the pipeline needs it: state float64 [B, S] (``[B, n, S]``, the last ``obs_steps = n`` frames,
+    when n > 1), one task string per row, the cameras, and (in training) action chunks [B, T, D]. Anything else is
+    a clear error here, before any work. ``state_dim=0``: a policy without state (image-only); the state is then
+    ``[B, 0]`` whatever the batch holds. Cameras given with a frame axis (LeRobot's loader with ``n_obs_steps`` > 1:
+    [B, n, 3, H, W]) keep their last frame: only the state has a history."""
 
     state_dim: int
     image_keys: tuple[str, ...]
     time_horizon: int
     action_dim: int
     actions: bool  # True in training (chunks required); False for prompts (any action key is dropped)
+    obs_steps: int = 1
 
     def __call__(self, batch: Batch) -> Batch:
         if not isinstance(batch, dict):
@@ -69,7 +73,7 @@ class CheckBatch:
         if self.state_dim == 0:  # an image-only policy: no state in the prefix (a state given is not read)
             state = np.zeros((_rows(batch, self.image_keys), 0))
         else:
-            state = checked_state(_numpy(batch, OBS_STATE), self.state_dim)
+            state = checked_state(_numpy(batch, OBS_STATE), self.state_dim, self.obs_steps)
         tasks = batch.get("task")
         if tasks is None:
             raise ValueError("the batch lacks 'task' (the instruction, a string per sample); add e.g. batch['task'] = ['push']")
@@ -84,6 +88,9 @@ class CheckBatch:
                     f"(cameras present: {', '.join(cams) or 'none'})"
                 )
         out = {**batch, OBS_STATE: state, "task": tasks}
+        for key in self.image_keys:
+            if self.obs_steps > 1 and getattr(batch[key], "ndim", 0) == 5:  # [B, n, 3, H, W]: the current frame
+                out[key] = batch[key][:, -1]
         out.pop(ACTION, None)
         if self.actions:
             actions = _numpy(batch, ACTION)
@@ -170,17 +177,26 @@ class ShiftImages:
         return {**batch, IMAGES: shifted.reshape(b, n, c, h, w)}
 
 
-def checked_state(state: np.ndarray, state_dim: int) -> np.ndarray:
-    """A state ``[S]`` or ``[B, S]`` -> float64 ``[B, S]``, or a ``ValueError`` naming the shape or the NaN."""
+def checked_state(state: np.ndarray, state_dim: int, obs_steps: int = 1) -> np.ndarray:
+    """A state ``[S]`` or ``[B, S]`` -> float64 ``[B, S]`` (with ``obs_steps = n`` > 1: ``[B, n, S]``, the last n
+    frames oldest first), or a ``ValueError`` naming the shape or the NaN."""
     state = np.asarray(state, dtype=np.float64)
-    state = state[None] if state.ndim == 1 else state
-    if state.ndim != 2 or state.shape[1] != state_dim:
-        raise ValueError(
-            f"batch['{OBS_STATE}'] has shape {tuple(state.shape)} but the policy was trained on a "
-            f"{state_dim}-D state; pass [B, {state_dim}] (was the robot or the state key changed?)"
-        )
+    if obs_steps > 1:
+        if state.ndim != 3 or state.shape[1:] != (obs_steps, state_dim):
+            raise ValueError(
+                f"batch['{OBS_STATE}'] has shape {tuple(state.shape)} but the policy reads the last {obs_steps} "
+                f"frames of a {state_dim}-D state (n_obs_steps={obs_steps}); pass [B, {obs_steps}, {state_dim}], "
+                "oldest first (select_action keeps the history itself; at an episode's start repeat the first frame)"
+            )  # fmt: skip
+    else:
+        state = state[None] if state.ndim == 1 else state
+        if state.ndim != 2 or state.shape[1] != state_dim:
+            raise ValueError(
+                f"batch['{OBS_STATE}'] has shape {tuple(state.shape)} but the policy was trained on a "
+                f"{state_dim}-D state; pass [B, {state_dim}] (was the robot or the state key changed?)"
+            )
     if not np.isfinite(state).all():
-        row = int(np.flatnonzero(~np.isfinite(state).all(axis=1))[0])
+        row = int(np.flatnonzero(~np.isfinite(state.reshape(len(state), -1)).all(axis=1))[0])
         raise ValueError(f"batch['{OBS_STATE}'] holds NaN or inf (row {row}); check the robot's state reading")
     return state
 
@@ -242,6 +258,30 @@ class BuildPrompt:
         return {**batch, SEQUENCE: self.layout.build_prefix(batch["task"], batch[OBS_STATE])}
 
 
+@dataclass(frozen=True)
+class EncodeHistory:
+    """A normalised state history [B, n, S] (oldest first) -> what the prefix reads, [B, n * S]: the current frame,
+    then its change since each earlier frame, ``scale * (s_t - s_{t-k})`` for k = 1 .. n-1. A frame's motion is a
+    few hundredths of the normalised range, too small beside the positions for a small network to read at once:
+    ``scale`` (per state dim, ``VLAConfig.state_delta_scale``, fitted by ``vla train`` so one frame's changes span
+    about [-1, 1]) brings them to the positions' size. Nothing to do for a state [B, S]."""
+
+    scale: tuple[float, ...] | None
+
+    def __call__(self, batch: Batch) -> Batch:
+        state = batch.get(OBS_STATE)
+        if state is None or state.ndim != 3:
+            return batch
+        current = state[:, -1:]  # [B, 1, S]
+        changes = (current - state[:, -2::-1]) * np.asarray(self.scale if self.scale is not None else 1.0)
+        return {**batch, OBS_STATE: np.concatenate([current, changes], axis=1).reshape(len(state), -1)}
+
+
+def current_state(state: Any) -> Any:
+    """[B, S] of a state [B, S] or of a history [B, n, S] (its last frame): what relative actions are measured from."""
+    return state[:, -1] if state.ndim == 3 else state
+
+
 # --- out -----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DetokenizeActions:
@@ -296,7 +336,7 @@ def _state_offset(batch: Batch, mask: tuple[bool, ...], action_state_dims: tuple
         raise ValueError(f"relative actions need the raw batch['{OBS_STATE}'] to add the state back; pass the "
                          "observation's state with the generated ids")  # fmt: skip
     state = np.asarray(_numpy(batch, OBS_STATE), dtype=np.float64)
-    state = state[None] if state.ndim == 1 else state  # [B, S]
+    state = current_state(state[None] if state.ndim == 1 else state)  # [B, S]
     offset = state[:, list(action_state_dims)] * np.asarray(mask, dtype=np.float64)  # [B, D]
     return offset[:, None, :]
 
@@ -332,21 +372,25 @@ class Pipeline:
         image_shift: int = 0,
         relative_actions: Sequence[bool] | None = None,
         action_state_dims: Sequence[int] | None = None,
+        obs_steps: int = 1,
+        state_delta_scale: Sequence[float] | None = None,
     ) -> Pipeline:
         """``image_shift``: pixels of random shift in training (``ShiftImages``; 0 = none).
         ``relative_actions``: a mask per action dimension (None = all absolute); the model then predicts those
         dimensions relative to the state's ``action_state_dims``, and the action normaliser must be fitted on them."""
         shapes = (state_dim, tuple(image_keys), time_horizon, action_dim)
         normalize = Normalize(state_normalizer, action_normalizer)
+        history = (EncodeHistory(None if state_delta_scale is None else tuple(state_delta_scale)),) if obs_steps > 1 else ()
         images = StackImages(tuple(image_keys), image_size)
         relative = absolute = ()
         if relative_actions is not None and any(relative_actions):
             parts = (tuple(bool(m) for m in relative_actions), tuple(int(i) for i in action_state_dims))
             relative, absolute = (RelativeActions(*parts),), (AbsoluteActions(*parts),)
         return cls(
-            training=(CheckBatch(*shapes, actions=True), *relative, normalize, images, ShiftImages(image_shift),
-                      TokenizeActions(tokenizer), BuildSequence(layout)),
-            prompt=(CheckBatch(*shapes, actions=False), normalize, images, BuildPrompt(layout)),
+            training=(CheckBatch(*shapes, actions=True, obs_steps=obs_steps), *relative, normalize, *history, images,
+                      ShiftImages(image_shift), TokenizeActions(tokenizer), BuildSequence(layout)),
+            prompt=(CheckBatch(*shapes, actions=False, obs_steps=obs_steps), normalize, *history, images,
+                    BuildPrompt(layout)),
             outputs=(DetokenizeActions(tokenizer, time_horizon, action_dim), Unnormalize(action_normalizer), *absolute),
         )
 

@@ -65,17 +65,28 @@ class Diverged(RuntimeError):
 
 
 class StepBatchSampler(Sampler[list[int]]):
-    """Batches as a pure function of (seed, step): epoch e is a permutation seeded by (seed, e).
+    """Batches as a pure function of (seed, step): epoch e is a permutation seeded by (seed, e); with ``weights``
+    (one per sample) each step draws its batch with replacement, sample i with probability weights[i] / sum.
 
     Resuming at step k yields exactly the batches an uninterrupted run would have seen from step k on. With
     several processes each takes its slice ``batch[rank::world]`` of the global batch.
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int, start_step: int, steps: int, rank: int = 0, world: int = 1):
+    def __init__(self, n: int, batch_size: int, seed: int, start_step: int, steps: int, rank: int = 0, world: int = 1,
+                 weights: np.ndarray | None = None):  # fmt: skip
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.start_step, self.steps, self.rank, self.world = start_step, steps, rank, world
+        self.p = None
+        if weights is not None:
+            weights = np.asarray(weights, dtype=np.float64)
+            if weights.shape != (n,) or not np.isfinite(weights).all() or (weights < 0).any() or weights.sum() <= 0:
+                raise ValueError(f"sampling weights must be {n} finite numbers >= 0, not all 0 (got shape {weights.shape})")
+            self.p = weights / weights.sum()
 
     def batch(self, step: int) -> list[int]:
+        if self.p is not None:
+            out = np.random.default_rng([self.seed, step]).choice(self.n, size=self.batch_size, p=self.p).tolist()
+            return out[self.rank :: self.world]
         first = step * self.batch_size
         out = []
         while len(out) < self.batch_size:
@@ -117,6 +128,8 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
         stats["action"] = array_stats(chunks.reshape(-1, chunks.shape[-1]))
     action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
     state_norm = None if stateless else at.Normalizer.from_stats(stats[OBS_STATE], "quantile")
+    if config.n_obs_steps > 1 and state_norm is not None and config.state_delta_scale is None:
+        config.state_delta_scale = delta_scale(data.state_changes(info, episodes=train_episodes) / state_norm.scale)
     pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None
     if pretrained is not None and (pretrained / NORMALIZER_FILE).is_file():  # `vla tokenizer fit`: its own normaliser
         if mask is not None:
@@ -128,9 +141,24 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
     return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=action_norm, state_normalizer=state_norm)
 
 
+def task_weights(dataset: ActionChunkDataset) -> np.ndarray:
+    """[N] sampling weights that draw every task equally often: a sample weighs 1 / its task's samples."""
+    tasks = data.frame_tasks(dataset.info, episodes=dataset.episodes)
+    if len(tasks) != len(dataset):
+        raise RuntimeError(f"{len(tasks)} frames' tasks for {len(dataset)} samples; the dataset's files disagree")
+    return 1.0 / np.bincount(tasks)[tasks]
+
+
+def delta_scale(changes: np.ndarray) -> list[float]:
+    """Per state dim, 1 / the 99th percentile of one frame's normalised change (1 for a dim that never moves)."""
+    q99 = np.quantile(np.abs(changes), 0.99, axis=0)
+    return [float(1.0 / q) if q > 1e-9 else 1.0 for q in q99]
+
+
 def make_loader(cfg: TrainConfig, dataset, policy: VLAPolicy, start_step: int, rank: int, world: int) -> DataLoader:
     """Batches as a function of the step, tokenised and packed by the policy's pipeline in the loader's workers."""
-    sampler = StepBatchSampler(len(dataset), cfg.batch_size, cfg.seed, start_step, cfg.steps, rank, world)
+    weights = task_weights(dataset) if cfg.balance_tasks else None
+    sampler = StepBatchSampler(len(dataset), cfg.batch_size, cfg.seed, start_step, cfg.steps, rank, world, weights)
     return DataLoader(
         dataset,
         batch_sampler=sampler,
@@ -230,7 +258,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         print(f"dataset backend: {backend} ({why})")
     dataset = ActionChunkDataset(
         info, policy.config.time_horizon, episodes=train_eps, image_keys=image_keys, image_size=image_size,
-        backend=backend, progress=cfg.progress and accelerator.is_main_process,
+        backend=backend, progress=cfg.progress and accelerator.is_main_process, obs_steps=policy.config.n_obs_steps,
     )  # fmt: skip
     loader = make_loader(cfg, dataset, policy, start_step, rank, world)
     policy, optimizer = accelerator.prepare(policy, optimizer)

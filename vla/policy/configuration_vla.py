@@ -22,6 +22,7 @@ from vla.data import IMAGE_PREFIX
 from vla.model import PRESETS
 from vla.names import suggestion
 from vla.sequence import ATTENTIONS, DECODINGS, STATE_ENCODINGS
+from vla.vision import VISION_ENCODERS
 
 DTYPES = ("float32", "bfloat16")
 RELATIVE_CHOICES = ("none", "auto")  # or a mask per action dimension
@@ -40,10 +41,20 @@ class VLAConfig(PreTrainedConfig):
     attn_implementation: str = "sdpa"  # transformers attention kernel: "sdpa" or "eager"
     dtype: str = "float32"  # weights: "float32" or "bfloat16" (GPU)
     init_seed: int | None = None  # seeds the random initial weights; None uses the global RNG
+    # "siglip": PaliGemma's ViT, one token per patch; "keypoints": a small conv stem and a spatial softmax (Levine et
+    # al. 2016), as many (x, y) keypoint tokens as SigLIP has patches (tiny: 16), the low-data recipe for small objects
+    vision_encoder: str = "siglip"
 
     # --- shapes -------------------------------------------------------------------------------------------
     time_horizon: int = 10  # T: actions per predicted chunk (openpi's action_horizon)
     n_action_steps: int = 5  # actions executed from each chunk before predicting the next (<= time_horizon)
+    # n_obs_steps (LeRobot's field) > 1: the policy reads the last n states, as the current one and its changes since
+    # each earlier frame, each change times state_delta_scale (per state dim; vla train fits it so one frame's
+    # normalised change spans about [-1, 1]; None = 1)
+    state_delta_scale: list[float] | None = None
+    # ACT's temporal ensembling: predict every n_action_steps and run the weighted mean of every chunk covering the
+    # step (weights exp(-coeff * i), oldest first; ACT uses 0.01); None = run each chunk's first n_action_steps
+    temporal_ensemble: float | None = None
     action_dim: int | None = None  # D; None = from output_features, the tokenizer or the action normaliser
     state_dim: int | None = None  # S; None = from input_features or the state normaliser; 0 = no state (image-only)
     image_keys: list[str] = field(default_factory=list)  # cameras, "observation.images.<cam>"; empty = state + task
@@ -122,6 +133,9 @@ class VLAConfig(PreTrainedConfig):
         _check(self.attn_implementation in ("sdpa", "eager"), "attn_implementation", self.attn_implementation,
                "use 'sdpa' or 'eager'")  # fmt: skip
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
+        close = suggestion(self.vision_encoder, VISION_ENCODERS)
+        _check(self.vision_encoder in VISION_ENCODERS, "vision_encoder", self.vision_encoder,
+               f"use one of {', '.join(VISION_ENCODERS)}{close}")  # fmt: skip
         _check(self.optimizer_lr > 0, "optimizer_lr", self.optimizer_lr, "use a positive learning rate (3e-3 for tiny)")
         _check(self.optimizer_grad_clip_norm > 0, "optimizer_grad_clip_norm", self.optimizer_grad_clip_norm,
                "use a positive norm (1.0 is the FAST paper's)")  # fmt: skip
@@ -134,6 +148,10 @@ class VLAConfig(PreTrainedConfig):
         _check(self.time_horizon >= 1, "time_horizon", self.time_horizon, "use a positive number of steps")
         _check(1 <= self.n_action_steps <= self.time_horizon, "n_action_steps", self.n_action_steps,
                f"use 1 <= n_action_steps <= time_horizon ({self.time_horizon})")  # fmt: skip
+        _check(self.n_obs_steps >= 1, "n_obs_steps", self.n_obs_steps,
+               "use 1 (the current state) or n > 1 (the last n states, oldest first: a velocity cue)")  # fmt: skip
+        _check(self.temporal_ensemble is None or 0 <= self.temporal_ensemble < float("inf"), "temporal_ensemble",
+               self.temporal_ensemble, "use a coefficient >= 0 (ACT's 0.01) or None (no ensembling)")  # fmt: skip
         for name in ("action_dim", "image_size", "max_action_tokens"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "use a positive integer or leave it unset (None)")
@@ -193,8 +211,9 @@ class VLAConfig(PreTrainedConfig):
 
     # --- what LeRobot asks of a policy config ---------------------------------------------------------------
     @property
-    def observation_delta_indices(self) -> None:
-        return None  # the current observation only
+    def observation_delta_indices(self) -> list[int] | None:
+        # n_obs_steps > 1: the last n frames (LeRobot then stacks every observation key; cameras keep their last)
+        return list(range(1 - self.n_obs_steps, 1)) if self.n_obs_steps > 1 else None
 
     @property
     def action_delta_indices(self) -> list[int]:

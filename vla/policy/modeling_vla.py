@@ -45,6 +45,7 @@ from safetensors.torch import load_model, save_model
 
 import action_tokenizers as at
 from vla.decode import VocabConstraint, fixed_chunk_length, generate
+from vla.execution import executor
 from vla.io import atomic_directory, read_json, write_json
 from vla.model import build_model
 from vla.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
@@ -135,6 +136,10 @@ class VLAPolicy(PreTrainedPolicy):
         self.action_normalizer = action_normalizer
         self.state_normalizer = state_normalizer
         self._resolve_dims()
+        scale = config.state_delta_scale
+        if scale is not None and len(scale) != config.state_dim:
+            raise ValueError(f"VLAConfig.state_delta_scale has {len(scale)} values for a {config.state_dim}-D state; "
+                             "give one per state dim or None (vla train fits it)")  # fmt: skip
         config.validate_features()
         t, d = config.time_horizon, config.action_dim
         constraint = self.action_tokenizer.constraint(time_horizon=t, action_dim=d)
@@ -165,9 +170,10 @@ class VLAPolicy(PreTrainedPolicy):
             attn_implementation=config.attn_implementation,
             dtype=DTYPES[config.dtype],
             seed=config.init_seed,
-            state_dim=config.state_dim,
+            state_dim=config.state_dim * config.n_obs_steps,  # a history's frames side by side
             state_tokens=config.state_tokens if config.state_encoding == "embedding" and config.state_dim else 0,
             query_slots=slots,
+            vision_encoder=config.vision_encoder,
         )
         self.layout = SequenceLayout(
             self.vocab,
@@ -194,10 +200,11 @@ class VLAPolicy(PreTrainedPolicy):
             action_normalizer=self.action_normalizer, layout=self.layout, state_dim=config.state_dim,
             time_horizon=t, action_dim=d, image_keys=config.image_keys, image_size=self.model.image_size,
             image_shift=config.image_shift, relative_actions=config.relative_mask(), action_state_dims=config.action_state_dims,
+            obs_steps=config.n_obs_steps, state_delta_scale=config.state_delta_scale,
         )  # fmt: skip
         self.decode_stats = DecodeStats()
         self.last_decode_info: DecodeInfo | None = None
-        self._queue: deque[torch.Tensor] = deque()
+        self.reset()  # the executor (chunks -> one action per call) and the state history of select_action
         self._previous_action: torch.Tensor | None = None  # [B, D] raw, the last action select_action returned
 
     def _resolve_dims(self) -> None:
@@ -224,7 +231,8 @@ class VLAPolicy(PreTrainedPolicy):
 
     def reset(self) -> None:
         """Call at every episode start: empties the action queue and forgets the previous action."""
-        self._queue.clear()
+        self._actions = executor(self.config.n_action_steps, self.config.temporal_ensemble)  # the config as it is now
+        self._states: deque[torch.Tensor] = deque(maxlen=self.config.n_obs_steps)  # n_obs_steps > 1: the history
         self._previous_action = None
 
     def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -300,13 +308,30 @@ class VLAPolicy(PreTrainedPolicy):
 
     @torch.no_grad()
     def select_action(self, batch: dict[str, Any], **kwargs: Any) -> torch.Tensor:
-        """One action ``[B, D]`` per call; a new chunk is predicted every ``n_action_steps`` calls."""
-        if not self._queue:
-            chunk = self.predict_action_chunk(batch, **kwargs)[:, : self.config.n_action_steps]  # [B, n, D]
-            self._queue.extend(chunk.transpose(0, 1))
-        action = self._queue.popleft()
+        """One action ``[B, D]`` per call; a new chunk is predicted every ``n_action_steps`` calls, its first
+        ``n_action_steps`` actions run (or, with ``temporal_ensemble``, every chunk covering the step is averaged)."""
+        if self.config.n_obs_steps > 1 and OBS_STATE in batch:
+            batch = self._with_history(batch)
+        if self._actions.needs_chunk():
+            self._actions.add(self.predict_action_chunk(batch, **kwargs))  # [B, T, D]
+        action = self._actions.pop()
         self._previous_action = action
         return action
+
+    def _with_history(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch with its state [B, S] replaced by the last ``n_obs_steps`` states [B, n, S] this episode saw
+        (the first repeated until there are n, as LeRobot pads), every call, so the history has no gaps."""
+        state = torch.as_tensor(batch[OBS_STATE])
+        if state.ndim == 3:  # the caller keeps the history
+            return batch
+        state = state[None] if state.ndim == 1 else state
+        if self._states and self._states[-1].shape != state.shape:
+            raise ValueError(f"batch['{OBS_STATE}'] changed shape within an episode ({tuple(self._states[-1].shape)} "
+                             f"-> {tuple(state.shape)}); call policy.reset() when a new episode starts")  # fmt: skip
+        while len(self._states) < self.config.n_obs_steps - 1:
+            self._states.append(state)
+        self._states.append(state)
+        return {**batch, OBS_STATE: torch.stack(list(self._states), dim=1)}
 
     # --- files --------------------------------------------------------------------------------------------
     def save_pretrained(self, save_directory: str | Path, *, state_dict: dict | None = None, **kwargs: Any) -> None:
@@ -377,7 +402,9 @@ class VLAPolicy(PreTrainedPolicy):
             missing, unexpected = load_model(policy, str(path / WEIGHTS_FILE), strict=strict, device="cpu")
         except Exception as err:  # safetensors' own errors name neither the file nor the fix
             raise ValueError(f"{path / WEIGHTS_FILE} cannot be read ({str(err).splitlines()[0][:200]}); the file is "
-                             "truncated or not a policy's weights: copy or save the policy again") from None  # fmt: skip
+                             "truncated or not a policy's weights (copy or save the policy again), or the config given "
+                             "differs from the saved one in its shapes (preset, vision_encoder, cameras, state, "
+                             "n_obs_steps)") from None  # fmt: skip
         if missing or unexpected:
             logger.warning("loading %s: missing keys %s, unexpected keys %s", path, missing, unexpected)
         bad = [name for name, t in policy.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]

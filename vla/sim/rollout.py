@@ -2,18 +2,22 @@
 
 A policy is any callable ``policy_fn(obs) -> actions [T, D]`` (numpy or torch; a single action [D] is
 read as T = 1). The loop executes the first ``n_action_steps`` actions of each chunk (all of them when None),
-then asks again. An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
+then asks again, or with ``ensemble`` asks every ``n_action_steps`` (default 1) and runs ACT's temporal ensemble of
+the overlapping chunks (``vla.execution``). An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
 evaluation (``vla.evaluate``) use the same loop, so the expert scores the same here as it did there.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from lerobot.utils.constants import OBS_STATE
 
+from vla.execution import ChunkQueue, TemporalEnsemble, executor
 from vla.sim import Env
 
 Policy = Callable[[dict[str, Any]], Any]
@@ -32,11 +36,25 @@ class EpisodeResult:
 
 @dataclass
 class _Running:
-    """One env's episode in ``run_episodes``: which seed it runs, where it is, the actions left from its chunk."""
+    """One env's episode in ``run_episodes``: which seed it runs, where it is, what runs its chunks."""
 
     index: int  # position in ``seeds``
     obs: dict[str, Any]
-    queue: list[np.ndarray] = field(default_factory=list)
+    actions: ChunkQueue | TemporalEnsemble
+    states: deque | None = None  # obs_steps > 1: the last states, oldest first
+
+    def observe(self, obs: dict[str, Any]) -> None:
+        self.obs = obs
+        if self.states is not None and OBS_STATE in obs:
+            while len(self.states) < self.states.maxlen - 1:  # an episode's first frame repeated, as LeRobot pads
+                self.states.append(np.asarray(obs[OBS_STATE]))
+            self.states.append(np.asarray(obs[OBS_STATE]))
+
+    def seen(self) -> dict[str, Any]:
+        """What the policy is shown: the observation, its state as the history [n, S] when one is kept."""
+        if self.states is None or OBS_STATE not in self.obs:
+            return self.obs
+        return {**self.obs, OBS_STATE: np.stack(list(self.states))}
     ret: float = 0.0
     length: int = 0
 
@@ -62,12 +80,13 @@ def run_episode(
     seed: int,
     *,
     n_action_steps: int | None = None,
+    ensemble: float | None = None,
     on_step: Callable[[dict[str, Any], np.ndarray], None] | None = None,
 ) -> EpisodeResult:
     """One closed-loop episode on ``seed``. ``on_step(obs, action)`` sees each action before it runs."""
     step_hook = None if on_step is None else (lambda k, obs, action: on_step(obs, action))
     return run_episodes([env], lambda observations: [policy_fn(observations[0])], [seed],
-                        n_action_steps=n_action_steps, on_step=step_hook)[0]  # fmt: skip
+                        n_action_steps=n_action_steps, ensemble=ensemble, on_step=step_hook)[0]  # fmt: skip
 
 
 def run_episodes(
@@ -76,6 +95,8 @@ def run_episodes(
     seeds: list[int] | range | list[tuple[str, int]],
     *,
     n_action_steps: int | None = None,
+    ensemble: float | None = None,
+    obs_steps: int = 1,
     on_step: Callable[[int, dict[str, Any], np.ndarray], None] | None = None,
     on_episode: Callable[[EpisodeResult], None] | None = None,
 ) -> list[EpisodeResult]:
@@ -87,14 +108,17 @@ def run_episodes(
     Several tasks run together when ``envs`` hold several (say one or more per Meta-World task) and ``seeds`` are
     ``(env name, seed)`` pairs: each episode runs on an env of that name, and the policy's batches mix the tasks.
 
+    ``ensemble`` (a coefficient, ACT's 0.01) replaces the chunk queue by a temporal ensemble that asks for a chunk
+    every ``n_action_steps`` steps (default 1). ``obs_steps = n`` > 1 shows the policy the last n states [n, S]
+    of the episode (oldest first; its first repeated until there are n), for policies trained with ``n_obs_steps``.
+
     ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]``; ``on_episode``
     sees each result as it ends (for a progress bar). A batch policy must keep no per-episode state: chunks are
     executed by this loop, not queued in the policy.
     """
     if not envs:
         raise ValueError("run_episodes needs at least one env")
-    if n_action_steps is not None and n_action_steps < 1:
-        raise ValueError(f"n_action_steps must be at least 1 (or None for whole chunks), got {n_action_steps}")
+    executor(n_action_steps, ensemble)  # a bad n_action_steps or coefficient fails here, before any env resets
     episodes = [(s[0], int(s[1])) if isinstance(s, tuple) else (None, int(s)) for s in seeds]
     missing = {name for name, _ in episodes if name is not None} - {env.name for env in envs}
     if missing:
@@ -109,28 +133,30 @@ def run_episodes(
             running[e] = None
             return
         pending.remove(k)
-        running[e] = _Running(k, envs[e].reset(episodes[k][1]))
+        history = deque(maxlen=obs_steps) if obs_steps > 1 else None
+        running[e] = _Running(k, {}, executor(n_action_steps, ensemble), history)
+        running[e].observe(envs[e].reset(episodes[k][1]))
 
     for e in range(len(envs)):
         start(e)
     while any(run is not None for run in running):
-        hungry = [e for e, run in enumerate(running) if run is not None and not run.queue]
+        hungry = [e for e, run in enumerate(running) if run is not None and run.actions.needs_chunk()]
         if hungry:
-            chunks = policy_fn([running[e].obs for e in hungry])
+            chunks = policy_fn([running[e].seen() for e in hungry])
             if hasattr(chunks, "detach"):
                 chunks = chunks.detach().cpu().numpy()
             if len(chunks) != len(hungry):
                 raise ValueError(f"the batch policy returned {len(chunks)} chunks for {len(hungry)} observations")
             for e, chunk in zip(hungry, chunks):
-                chunk = _as_chunk(chunk, envs[e].action_dim)
-                running[e].queue = list(chunk[: n_action_steps or len(chunk)])
+                running[e].actions.add(_as_chunk(chunk, envs[e].action_dim))
         for e, run in enumerate(running):
             if run is None:
                 continue
-            action = run.queue.pop(0)
+            action = run.actions.pop()
             if on_step is not None:
                 on_step(run.index, run.obs, action)
-            run.obs, reward, done, info = envs[e].step(action)
+            obs, reward, done, info = envs[e].step(action)
+            run.observe(obs)
             run.ret += reward
             run.length += 1
             if done:

@@ -1,0 +1,107 @@
+"""Chunk execution: the queue and ACT's temporal ensemble (vla.execution), alone and inside the rollout loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vla.execution import ChunkQueue, TemporalEnsemble, executor
+from vla.sim.rollout import run_episodes
+
+T, D = 4, 2
+
+
+def chunk(start: float) -> np.ndarray:
+    """[T, D]: step t holds start + t in every dimension."""
+    return np.repeat((start + np.arange(T, dtype=np.float64))[:, None], D, axis=1)
+
+
+def test_queue_runs_the_first_n_actions_then_wants_a_chunk():
+    q = ChunkQueue(3)
+    assert q.needs_chunk()
+    q.add(chunk(0.0))
+    assert [q.pop()[0] for _ in range(3)] == [0.0, 1.0, 2.0] and q.needs_chunk()
+    with pytest.raises(RuntimeError, match="add a chunk first"):
+        q.pop()
+    whole = ChunkQueue(None)
+    whole.add(chunk(10.0))
+    assert [whole.pop()[0] for _ in range(T)] == [10.0, 11.0, 12.0, 13.0] and whole.needs_chunk()
+
+
+def test_ensemble_averages_every_chunk_covering_the_step_oldest_weighted_most():
+    k = 0.5
+    ens = TemporalEnsemble(k, every=1)
+    chunks = [chunk(10.0 * i) for i in range(6)]
+    executed = []
+    for c in chunks:
+        assert ens.needs_chunk()
+        ens.add(c)
+        executed.append(ens.pop()[0])
+    for step, got in enumerate(executed):  # chunk i was predicted at step i and covers steps i .. i + T - 1
+        covering = [i for i in range(len(chunks)) if i <= step < i + T]
+        values = [chunks[i][step - i, 0] for i in covering]
+        w = np.exp(-k * np.arange(len(covering)))
+        assert got == pytest.approx(float(np.dot(w, values) / w.sum()))
+    assert executed[1] != pytest.approx(chunks[1][0, 0])  # not the newest chunk's action: an average
+
+
+def test_ensemble_every_n_steps_and_zero_coefficient_is_a_plain_mean():
+    ens = TemporalEnsemble(0.0, every=2)
+    ens.add(chunk(0.0))
+    assert ens.pop()[0] == 0.0 and not ens.needs_chunk()
+    assert ens.pop()[0] == 1.0 and ens.needs_chunk()
+    ens.add(chunk(100.0))
+    assert ens.pop()[0] == pytest.approx((2.0 + 100.0) / 2)
+
+
+def test_ensemble_works_on_torch_batches():
+    ens = executor(1, 0.01)
+    batch = torch.stack([torch.as_tensor(chunk(0.0)), torch.as_tensor(chunk(5.0))])  # [B=2, T, D]
+    ens.add(batch)
+    first = ens.pop()
+    assert isinstance(first, torch.Tensor) and first.shape == (2, D)
+    torch.testing.assert_close(first[:, 0], torch.tensor([0.0, 5.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("coeff", [-0.1, float("nan"), float("inf")])
+def test_bad_coefficients_are_refused(coeff):
+    with pytest.raises(ValueError, match="coefficient"):
+        TemporalEnsemble(coeff)
+    with pytest.raises(ValueError, match="n_action_steps"):
+        executor(0, None)
+
+
+class CountingEnv:
+    """A 1-D integrator: the state is the sum of the actions; done after 12 steps; success if it ends near 12."""
+
+    name, action_dim, max_steps = "count/up", 1, 12
+
+    def reset(self, seed):
+        self.x, self.t = 0.0, 0
+        return {"observation.state": np.array([self.x])}
+
+    def step(self, action):
+        self.x += float(action[0])
+        self.t += 1
+        done = self.t >= self.max_steps
+        return {"observation.state": np.array([self.x])}, 0.0, done, {"success": done and abs(self.x - 12) < 1e-6}
+
+    def close(self):
+        pass
+
+
+def test_rollout_with_an_ensemble_asks_every_step_and_runs_the_averages():
+    calls = []
+
+    def policy(observations):  # each chunk: [1, 1, 1, 1] (one unit a step): averages of ones are ones
+        calls.append(len(observations))
+        return np.ones((len(observations), T, 1))
+
+    [queued] = run_episodes([CountingEnv()], policy, [0], n_action_steps=None)
+    assert len(calls) == 3 and queued.success  # 12 steps, whole chunks of 4
+    calls.clear()
+    [ensembled] = run_episodes([CountingEnv()], policy, [0], n_action_steps=1, ensemble=0.01)
+    assert len(calls) == 12 and ensembled.success and ensembled.length == 12
+    with pytest.raises(ValueError, match="coefficient"):
+        run_episodes([CountingEnv()], policy, [0], ensemble=-1.0)
