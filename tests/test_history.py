@@ -71,9 +71,9 @@ def test_predict_needs_the_history_and_select_action_keeps_it(history_policy):
     policy.select_action({OBS_STATE: states[0], "task": ["push", "push"]})
     second = policy.select_action({OBS_STATE: states[1], "task": ["push", "push"]})
     torch.testing.assert_close(second, expected[:, 0])
-    assert len(policy._states) == N
+    assert len(policy._history.frames) == N
     policy.reset()
-    assert len(policy._states) == 0
+    assert len(policy._history.frames) == 0
     policy.config.n_action_steps = 2
 
 

@@ -210,9 +210,10 @@ class ActionChunkDataset(torch.utils.data.Dataset):
             f"{ACTION}_is_pad": torch.from_numpy(is_pad[0]),  # [T]
         }
         if self._state:
-            rows = np.maximum(i + np.arange(1 - self.obs_steps, 1), self._frames["episode_start"][i])
-            state = self._frames[OBS_STATE][rows if self.obs_steps > 1 else i]  # [n, S] (first frame repeated) or [S]
-            sample[OBS_STATE] = torch.from_numpy(state.astype(np.float32))
+            row = i  # [S]; a history: [n, S], the episode's first frame repeated before it starts
+            if self.obs_steps > 1:
+                row = np.maximum(i + np.arange(1 - self.obs_steps, 1), self._frames["episode_start"][i])
+            sample[OBS_STATE] = torch.from_numpy(self._frames[OBS_STATE][row].astype(np.float32))
         for key, frames in self._images.items():
             sample[key] = frames[i].float() / 255  # [3, H, W] in [0, 1], LeRobot's conversion
         return sample

@@ -14,6 +14,7 @@ Both executors work on one chunk ``[T, D]`` (the rollout loop, one per episode) 
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any
 
 
@@ -87,6 +88,23 @@ class TemporalEnsemble:
         return total / norm
 
 
+class StateHistory:
+    """The last ``n`` states of an episode, oldest first; the first one repeated until there are n (as LeRobot pads
+    ``n_obs_steps``). One per episode: the rollout loop keeps one per env, ``VLAPolicy.select_action`` one per batch."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"a state history holds n >= 1 frames, got {n}")
+        self.frames: deque = deque(maxlen=n)
+
+    def push(self, state: Any) -> list[Any]:
+        """Add this step's state; the n frames to show the policy, oldest first (stack them on the frame axis)."""
+        if not self.frames:
+            self.frames.extend([state] * (self.frames.maxlen - 1))
+        self.frames.append(state)
+        return list(self.frames)
+
+
 def executor(n_action_steps: int | None, ensemble: float | None) -> ChunkQueue | TemporalEnsemble:
     """The queue for ``ensemble=None``; else a temporal ensemble asking every ``n_action_steps`` (default 1)."""
     if ensemble is None:
@@ -94,4 +112,4 @@ def executor(n_action_steps: int | None, ensemble: float | None) -> ChunkQueue |
     return TemporalEnsemble(ensemble, every=n_action_steps or 1)
 
 
-__all__ = ["ChunkQueue", "TemporalEnsemble", "executor"]
+__all__ = ["ChunkQueue", "StateHistory", "TemporalEnsemble", "executor"]

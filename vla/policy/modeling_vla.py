@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ from safetensors.torch import load_model, save_model
 
 import action_tokenizers as at
 from vla.decode import VocabConstraint, fixed_chunk_length, generate
-from vla.execution import executor
+from vla.execution import StateHistory, executor
 from vla.io import atomic_directory, read_json, write_json
 from vla.model import build_model
 from vla.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
@@ -232,7 +231,7 @@ class VLAPolicy(PreTrainedPolicy):
     def reset(self) -> None:
         """Call at every episode start: empties the action queue and forgets the previous action."""
         self._actions = executor(self.config.n_action_steps, self.config.temporal_ensemble)  # the config as it is now
-        self._states: deque[torch.Tensor] = deque(maxlen=self.config.n_obs_steps)  # n_obs_steps > 1: the history
+        self._history = StateHistory(self.config.n_obs_steps)  # select_action's states, n_obs_steps > 1
         self._previous_action = None
 
     def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -325,13 +324,11 @@ class VLAPolicy(PreTrainedPolicy):
         if state.ndim == 3:  # the caller keeps the history
             return batch
         state = state[None] if state.ndim == 1 else state
-        if self._states and self._states[-1].shape != state.shape:
-            raise ValueError(f"batch['{OBS_STATE}'] changed shape within an episode ({tuple(self._states[-1].shape)} "
+        frames = self._history.frames
+        if frames and frames[-1].shape != state.shape:
+            raise ValueError(f"batch['{OBS_STATE}'] changed shape within an episode ({tuple(frames[-1].shape)} "
                              f"-> {tuple(state.shape)}); call policy.reset() when a new episode starts")  # fmt: skip
-        while len(self._states) < self.config.n_obs_steps - 1:
-            self._states.append(state)
-        self._states.append(state)
-        return {**batch, OBS_STATE: torch.stack(list(self._states), dim=1)}
+        return {**batch, OBS_STATE: torch.stack(self._history.push(state), dim=1)}
 
     # --- files --------------------------------------------------------------------------------------------
     def save_pretrained(self, save_directory: str | Path, *, state_dict: dict | None = None, **kwargs: Any) -> None:

@@ -9,7 +9,6 @@ evaluation (``vla.evaluate``) use the same loop, so the expert scores the same h
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 from lerobot.utils.constants import OBS_STATE
 
-from vla.execution import ChunkQueue, TemporalEnsemble, executor
+from vla.execution import ChunkQueue, StateHistory, TemporalEnsemble, executor
 from vla.sim import Env
 
 Policy = Callable[[dict[str, Any]], Any]
@@ -41,20 +40,13 @@ class _Running:
     index: int  # position in ``seeds``
     obs: dict[str, Any]
     actions: ChunkQueue | TemporalEnsemble
-    states: deque | None = None  # obs_steps > 1: the last states, oldest first
+    history: StateHistory | None = None  # obs_steps > 1
+    seen: dict[str, Any] | None = None  # what the policy is shown: obs, its state as the history [n, S] when kept
 
     def observe(self, obs: dict[str, Any]) -> None:
-        self.obs = obs
-        if self.states is not None and OBS_STATE in obs:
-            while len(self.states) < self.states.maxlen - 1:  # an episode's first frame repeated, as LeRobot pads
-                self.states.append(np.asarray(obs[OBS_STATE]))
-            self.states.append(np.asarray(obs[OBS_STATE]))
-
-    def seen(self) -> dict[str, Any]:
-        """What the policy is shown: the observation, its state as the history [n, S] when one is kept."""
-        if self.states is None or OBS_STATE not in self.obs:
-            return self.obs
-        return {**self.obs, OBS_STATE: np.stack(list(self.states))}
+        self.obs = self.seen = obs
+        if self.history is not None and OBS_STATE in obs:
+            self.seen = {**obs, OBS_STATE: np.stack(self.history.push(np.asarray(obs[OBS_STATE])))}
     ret: float = 0.0
     length: int = 0
 
@@ -133,7 +125,7 @@ def run_episodes(
             running[e] = None
             return
         pending.remove(k)
-        history = deque(maxlen=obs_steps) if obs_steps > 1 else None
+        history = StateHistory(obs_steps) if obs_steps > 1 else None
         running[e] = _Running(k, {}, executor(n_action_steps, ensemble), history)
         running[e].observe(envs[e].reset(episodes[k][1]))
 
@@ -142,7 +134,7 @@ def run_episodes(
     while any(run is not None for run in running):
         hungry = [e for e, run in enumerate(running) if run is not None and run.actions.needs_chunk()]
         if hungry:
-            chunks = policy_fn([running[e].seen() for e in hungry])
+            chunks = policy_fn([running[e].seen for e in hungry])
             if hasattr(chunks, "detach"):
                 chunks = chunks.detach().cpu().numpy()
             if len(chunks) != len(hungry):
