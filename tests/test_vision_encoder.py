@@ -1,5 +1,6 @@
-"""The keypoint vision encoder (``vla.vision``): the spatial softmax, shapes and token count, that it localises a
-small object, and a policy built with it (lean decoding, save/load, gradients into the conv stem, bad names)."""
+"""The vision encoders of ``vla.vision``: the keypoint encoder (the spatial softmax, shapes and token count, that it
+localises a small object, a policy built with it: lean decoding, save/load, gradients into the conv stem, bad names)
+and the conv encoder (shapes, and that a policy built with it learns to act on what its camera shows)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from vla.model import build_model, get_preset
 from vla.pipeline import IMAGES, SEQUENCE, run
 from vla.policy import VLAConfig, VLAPolicy
 from vla.sequence import VocabMap
-from vla.vision import KeypointEncoder, spatial_softmax
+from vla.vision import ConvEncoder, KeypointEncoder, spatial_softmax
 
 S = 5  # state dimension
 CAM = "observation.images.front"
@@ -125,12 +126,13 @@ def test_the_encoder_localises_a_small_dot():
     assert baseline > 0.5 and rmse < 0.15, (rmse, baseline)
 
 
+@pytest.mark.parametrize("encoder, kind", [("keypoints", KeypointEncoder), ("conv", ConvEncoder)])
 @pytest.mark.parametrize("preset, tokens", [("micro", 4), ("tiny", 16)])
-def test_build_model_swaps_the_tower_and_keeps_the_token_count(preset, tokens):
+def test_build_model_swaps_the_tower_and_keeps_the_token_count(preset, tokens, encoder, kind):
     vocab = VocabMap.compact(256)
-    model = build_model(preset, vocab, num_cameras=1, seed=0, vision_encoder="keypoints").eval()
+    model = build_model(preset, vocab, num_cameras=1, seed=0, vision_encoder=encoder).eval()
     tower = model.backbone.model.vision_tower
-    assert isinstance(tower, KeypointEncoder)
+    assert isinstance(tower, kind)
     assert model.image_tokens == get_preset(preset).image_tokens() == tower.tokens == tokens  # one count, everywhere
     assert tower.hidden == model.backbone.config.vision_config.hidden_size  # what the projector reads
     assert not any("vision_model" in name for name, _ in model.named_parameters())  # no SigLIP left behind
@@ -138,7 +140,7 @@ def test_build_model_swaps_the_tower_and_keeps_the_token_count(preset, tokens):
     with torch.no_grad():
         features = model.backbone.model.get_image_features(model.pixel_values(torch.rand(2, 1, 3, size, size)))
     assert features.pooler_output.shape == (2, tokens, model.backbone.config.text_config.hidden_size)
-    again = build_model(preset, vocab, num_cameras=1, seed=0, vision_encoder="keypoints")
+    again = build_model(preset, vocab, num_cameras=1, seed=0, vision_encoder=encoder)
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name  # the seed fixes the encoder's weights too
 
@@ -183,9 +185,66 @@ def test_the_loss_reaches_the_conv_stem_and_the_images_matter():
 
 
 def test_a_bad_vision_encoder_name_is_refused_clearly():
-    with pytest.raises(ValueError, match=r"vision_encoder = 'keypoint' is invalid: use one of siglip, keypoints; "
+    with pytest.raises(ValueError, match=r"vision_encoder = 'keypoint' is invalid: use one of siglip, keypoints, conv; "
                                          r"did you mean 'keypoints'\?"):  # fmt: skip
         VLAConfig(vision_encoder="keypoint", device="cpu")
-    with pytest.raises(ValueError, match=r"unknown vision encoder 'resnet'.*known: siglip, keypoints"):
+    with pytest.raises(ValueError, match=r"unknown vision encoder 'resnet'.*known: siglip, keypoints, conv"):
         build_model("micro", VocabMap.compact(256), num_cameras=1, vision_encoder="resnet")
     assert VLAConfig(device="cpu").vision_encoder == "siglip"  # the default is unchanged
+
+
+# --- the conv encoder ---------------------------------------------------------------------------------------
+def test_conv_encoder_shapes_and_input_checks():
+    enc = ConvEncoder(hidden=24, tokens=6, image_size=32)
+    out = enc(torch.rand(5, 3, 32, 32) * 2 - 1, output_hidden_states=False)  # SigLIP's keywords are ignored
+    assert out.last_hidden_state.shape == (5, 6, 24) and torch.isfinite(out.last_hidden_state).all()
+    assert enc.project.in_features == 32 * 4 * 4  # the 32 px image's 4 x 4 map, flattened
+    with pytest.raises(ValueError, match=r"RGB images \[B, 3, 32, 32\], got shape \(5, 3, 40, 40\)"):
+        enc(torch.rand(5, 3, 40, 40))
+    with pytest.raises(ValueError, match="a multiple of 8, got 36"):
+        ConvEncoder(hidden=24, tokens=6, image_size=36)
+    with pytest.raises(ValueError, match="3 channel widths"):
+        ConvEncoder(hidden=24, tokens=6, image_size=32, channels=(16, 16))
+
+
+def dot_actions(n: int, size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Black images ``[n, 3, size, size]`` in [0, 1] with a 3x3 white dot in one of 8 columns (any row), and action
+    chunks ``[n, 2, 1]`` that say which column: only the camera tells what to do."""
+    cols = torch.randint(0, 8, (n,), generator=generator)
+    rows = torch.randint(2, size - 3, (n,), generator=generator)
+    images = torch.zeros(n, 3, size, size)
+    for i, (c, r) in enumerate(zip(cols.tolist(), rows.tolist())):
+        x = 2 + c * (size - 5) // 7
+        images[i, :, r - 1 : r + 2, x - 1 : x + 2] = 1.0
+    return images, (cols.float() / 7 * 2 - 1)[:, None, None].expand(n, 2, 1).contiguous()
+
+
+def test_a_conv_policy_learns_to_act_on_its_camera():
+    """The reason the conv encoder exists: an image-only micro policy whose action is the column of a dot learns it
+    (500 steps: held-out loss ~0.08 with the images, ~0.33 with blank ones). With SigLIP or the keypoint encoder the
+    same run ends at ~0.20 with or without the images, the loss of ignoring them (README "From pixels")."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(0)
+        images, actions = dot_actions(512, 32, g)
+        norm = at.Normalizer.fit(actions.reshape(-1, 1).numpy())
+        tokenizer = at.get_tokenizer_class("bin").fit(norm.normalize(actions.numpy()), n_bins=16)
+        config = VLAConfig(preset="micro", time_horizon=2, n_action_steps=2, image_keys=[CAM], image_size=32,
+                           state_dim=0, device="cpu", init_seed=0, vision_encoder="conv", image_shift=0)  # fmt: skip
+        policy = VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=norm).train()
+        opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+
+        def batch(rows: torch.Tensor, blank: bool = False) -> dict:
+            return {CAM: torch.zeros_like(images[rows]) if blank else images[rows], "action": actions[rows],
+                    "task": ["go to the dot's column"] * len(rows)}  # fmt: skip
+
+        for _ in range(500):
+            loss = policy.forward(batch(torch.randint(0, 448, (32,), generator=g)))[0]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        policy.eval()
+        held_out = torch.arange(448, 512)
+        with torch.no_grad():
+            real, blank = (float(policy.forward(batch(held_out, b))[0]) for b in (False, True))
+    assert real < 0.15 and blank - real > 0.1, (real, blank)

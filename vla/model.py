@@ -29,7 +29,7 @@ from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
 from .names import check_name
 from .sequence import Sequence, VocabMap
-from .vision import STRIDE, VISION_ENCODERS, KeypointEncoder
+from .vision import CONV_STRIDE, STRIDE, VISION_ENCODERS, ConvEncoder, KeypointEncoder
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,8 @@ def build_model(
     exactly this ``PaliGemmaConfig`` (what a saved policy stores) instead of the preset's. ``state_tokens`` > 0 adds a
     ``StateEncoder`` from a ``state_dim`` state to that many prefix embeddings (``state_encoding="embedding"``).
     ``query_slots`` > 0 adds a ``SlotEmbedding`` of that many learned inputs (``decoding="parallel"``).
-    ``vision_encoder``: ``"siglip"`` (PaliGemma's tower) or ``"keypoints"``: the tower is replaced by a randomly
-    initialised ``KeypointEncoder`` giving as many tokens per camera as SigLIP would (``PrefixLM.image_tokens``), at
+    ``vision_encoder``: ``"siglip"`` (PaliGemma's tower), ``"keypoints"`` or ``"conv"``: the tower is replaced by a
+    randomly initialised ``KeypointEncoder`` or ``ConvEncoder`` (``vla.vision``) giving as many tokens per camera as SigLIP would (``PrefixLM.image_tokens``), at
     SigLIP's width, so the projector, the image placeholders and both decoding paths read it unchanged (the backbone
     config, saved with a policy, still describes a SigLIP tower: its image size, patch size and width set the shapes).
     """
@@ -194,16 +194,21 @@ def build_model(
             hidden = backbone.config.text_config.hidden_size
             slots = SlotEmbedding(query_slots, hidden).to(device=backbone.device, dtype=dtype)
     model = PrefixLM(backbone, encoder, slots)
-    if vision_encoder == "keypoints":
-        if model.image_size % STRIDE:
-            size, step = model.image_size, math.lcm(STRIDE, int(backbone.config.vision_config.patch_size))
-            raise ValueError(f"the keypoint encoder reads images whose size is a multiple of {STRIDE}, but the "
-                             f"backbone's is {size}; set image_size to e.g. {size - size % step or step}")  # fmt: skip
+    if vision_encoder != "siglip":
+        stride = STRIDE if vision_encoder == "keypoints" else CONV_STRIDE
+        if model.image_size % stride:
+            size, step = model.image_size, math.lcm(stride, int(backbone.config.vision_config.patch_size))
+            raise ValueError(f"the {vision_encoder} encoder reads images whose size is a multiple of {stride}, but "
+                             f"the backbone's is {size}; set image_size to e.g. {size - size % step or step}")  # fmt: skip
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed + 3)
             width = backbone.config.vision_config.hidden_size  # the projector's input
-            tower = KeypointEncoder(width, model.image_tokens).to(device=backbone.device, dtype=dtype)
+            if vision_encoder == "keypoints":
+                tower = KeypointEncoder(width, model.image_tokens)
+            else:
+                tower = ConvEncoder(width, model.image_tokens, model.image_size)
+            tower = tower.to(device=backbone.device, dtype=dtype)
         backbone.model.vision_tower = tower
     return model
 

@@ -1,4 +1,4 @@
-"""Vision encoders that can stand in for PaliGemma's SigLIP tower: ``vision_encoder = "siglip" | "keypoints"``.
+"""Vision encoders that can stand in for PaliGemma's SigLIP tower: ``vision_encoder = "siglip" | "keypoints" | "conv"``.
 
     tower = KeypointEncoder(hidden=128, tokens=16)              # 64 px -> a 16 x 16 map -> 16 keypoints
     out = tower(pixel_values)                                   # pixel_values [B*N, 3, S, S] in [-1, 1]
@@ -10,7 +10,14 @@ Darrell and Abbeel 2016, "End-to-end training of deep visuomotor policies"; robo
 A 2-layer SigLIP trained from scratch on 200 demonstrations did not localise a ~4 px object inside its 16 px patch;
 a keypoint is a coordinate by construction, so "where is the puck" is one number pair the decoder reads directly.
 
-It returns what SigLIP returns to ``get_image_features`` (``BaseModelOutputWithPooling.last_hidden_state``
+``ConvEncoder`` is the pixel-RL recipe (SAC-AE, Yarats et al. 2019; DrQ, Kostrikov, Yarats and Fergus 2020): a conv
+stem whose feature map is flattened and mapped by one linear layer, so that every place in the image has weights
+of its own and "where" becomes a linear read-out. Trained inside the policy from scratch, it is the one of the three
+that learned to see (README "From pixels"): SigLIP's patches and the keypoints' spatial softmax start with the
+object's position all but absent from their tokens, the decoder learns to ignore them within ~50 steps, and the
+gradient into the tower dies with it.
+
+Each returns what SigLIP returns to ``get_image_features`` (``BaseModelOutputWithPooling.last_hidden_state``
 ``[B*N, tokens, hidden]``), so PaliGemma's projector, the image placeholders, both decoding paths (transformers'
 and ``vla.lean``) and the safetensors state dict work unchanged. ``vla.model.build_model`` swaps it in for the
 vision tower; the number of tokens is the backbone's ``image_tokens`` (one per SigLIP patch), the one count the
@@ -23,8 +30,9 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-VISION_ENCODERS = ("siglip", "keypoints")  # VLAConfig.vision_encoder's choices
+VISION_ENCODERS = ("siglip", "keypoints", "conv")  # VLAConfig.vision_encoder's choices
 STRIDE = 4  # the keypoint stem's downsampling: a 64 px image gives a 16 x 16 map
+CONV_STRIDE = 8  # the conv encoder's: a 64 px image gives an 8 x 8 map
 
 
 def spatial_softmax(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,3 +107,37 @@ class KeypointEncoder(nn.Module):
     def keypoints_xy(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The keypoints themselves, ``[B, tokens, 2]`` (x, y) in [-1, 1]: for plotting what the encoder looks at."""
         return spatial_softmax(self.keypoints(self.stem(pixel_values)), self.log_temperature.exp())[0]
+
+
+class ConvEncoder(nn.Module):
+    """Conv stem (three stride-2 blocks, overall stride 8) -> the feature map flattened -> one linear layer ->
+    LayerNorm: one feature vector of width ``hidden`` per image, given to each of the ``tokens`` tokens plus a learned
+    embedding per token (the count the sequence layout reads; the tokens carry one vector between them).
+    ``[B, 3, S, S]`` -> ``[B, tokens, hidden]``, S a multiple of 8.
+
+    At 64 px with the default (32, 32, 32) the linear layer reads 32 x 8 x 8 = 2048 values (262k weights at width
+    128; 1M at 128 px): the parameters sit in the map from place to feature, where a position is learned directly.
+    """
+
+    def __init__(self, hidden: int, tokens: int, image_size: int, channels: tuple[int, ...] = (32, 32, 32)):
+        super().__init__()
+        if len(channels) != 3:
+            raise ValueError(f"the conv encoder has 3 stride-2 blocks, so it needs 3 channel widths, got {channels}")
+        if image_size % CONV_STRIDE:
+            raise ValueError(f"the conv encoder reads images whose size is a multiple of {CONV_STRIDE}, got {image_size}")
+        self.hidden, self.tokens, self.image_size = int(hidden), int(tokens), int(image_size)
+        widths = (3, *(int(c) for c in channels))
+        self.stem = nn.Sequential(*(_block(cin, cout, 2) for cin, cout in zip(widths, widths[1:])))
+        side = self.image_size // CONV_STRIDE
+        self.project = nn.Linear(widths[-1] * side * side, self.hidden)
+        self.norm = nn.LayerNorm(self.hidden)
+        self.token_embedding = nn.Parameter(torch.randn(self.tokens, self.hidden) * 0.1)
+
+    def forward(self, pixel_values: torch.Tensor, **_) -> BaseModelOutputWithPooling:
+        """``pixel_values`` ``[B, 3, S, S]`` in [-1, 1] -> ``last_hidden_state`` ``[B, tokens, hidden]``; other keyword
+        arguments (SigLIP's) are accepted and ignored."""
+        s = self.image_size
+        if pixel_values.ndim != 4 or tuple(pixel_values.shape[1:]) != (3, s, s):
+            raise ValueError(f"the conv encoder reads RGB images [B, 3, {s}, {s}], got shape {tuple(pixel_values.shape)}")
+        feature = self.norm(self.project(self.stem(pixel_values).flatten(1)))  # [B, hidden]
+        return BaseModelOutputWithPooling(last_hidden_state=feature[:, None] + self.token_embedding)

@@ -42,7 +42,8 @@ class VLAConfig(PreTrainedConfig):
     dtype: str = "float32"  # weights: "float32" or "bfloat16" (GPU)
     init_seed: int | None = None  # seeds the random initial weights; None uses the global RNG
     # "siglip": PaliGemma's ViT, one token per patch; "keypoints": a small conv stem and a spatial softmax (Levine et
-    # al. 2016), as many (x, y) keypoint tokens as SigLIP has patches (tiny: 16), the low-data recipe for small objects
+    # al. 2016), as many (x, y) keypoint tokens as SigLIP has patches (tiny: 16), the low-data recipe for small objects;
+    # "conv": a conv stem, flattened, one linear layer (SAC-AE / DrQ), the one that learns to see from scratch here
     vision_encoder: str = "siglip"
 
     # --- shapes -------------------------------------------------------------------------------------------
