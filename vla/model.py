@@ -29,7 +29,7 @@ from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
 from .names import check_name
 from .sequence import Sequence, VocabMap
-from .vision import CONV_STRIDE, STRIDE, VISION_ENCODERS, ConvEncoder, KeypointEncoder
+from .vision import STRIDES, VISION_ENCODERS, build_tower
 
 
 @dataclass(frozen=True)
@@ -145,9 +145,10 @@ def build_model(
     ``StateEncoder`` from a ``state_dim`` state to that many prefix embeddings (``state_encoding="embedding"``).
     ``query_slots`` > 0 adds a ``SlotEmbedding`` of that many learned inputs (``decoding="parallel"``).
     ``vision_encoder``: ``"siglip"`` (PaliGemma's tower), ``"keypoints"`` or ``"conv"``: the tower is replaced by a
-    randomly initialised ``KeypointEncoder`` or ``ConvEncoder`` (``vla.vision``) giving as many tokens per camera as SigLIP would (``PrefixLM.image_tokens``), at
-    SigLIP's width, so the projector, the image placeholders and both decoding paths read it unchanged (the backbone
-    config, saved with a policy, still describes a SigLIP tower: its image size, patch size and width set the shapes).
+    randomly initialised ``KeypointEncoder`` or ``ConvEncoder`` (``vla.vision.build_tower``) giving as many tokens
+    per camera as SigLIP would (``PrefixLM.image_tokens``), at SigLIP's width, so the projector, the image
+    placeholders and both decoding paths read it unchanged (the backbone config, saved with a policy, still describes
+    a SigLIP tower: its image size, patch size and width set the shapes).
     """
     vision_encoder = check_name("vision encoder", vision_encoder, VISION_ENCODERS)
     spec = get_preset(preset)
@@ -195,7 +196,7 @@ def build_model(
             slots = SlotEmbedding(query_slots, hidden).to(device=backbone.device, dtype=dtype)
     model = PrefixLM(backbone, encoder, slots)
     if vision_encoder != "siglip":
-        stride = STRIDE if vision_encoder == "keypoints" else CONV_STRIDE
+        stride = STRIDES[vision_encoder]
         if model.image_size % stride:
             size, step = model.image_size, math.lcm(stride, int(backbone.config.vision_config.patch_size))
             raise ValueError(f"the {vision_encoder} encoder reads images whose size is a multiple of {stride}, but "
@@ -204,10 +205,7 @@ def build_model(
             if seed is not None:
                 torch.manual_seed(seed + 3)
             width = backbone.config.vision_config.hidden_size  # the projector's input
-            if vision_encoder == "keypoints":
-                tower = KeypointEncoder(width, model.image_tokens)
-            else:
-                tower = ConvEncoder(width, model.image_tokens, model.image_size)
+            tower = build_tower(vision_encoder, width, model.image_tokens, model.image_size)
             tower = tower.to(device=backbone.device, dtype=dtype)
         backbone.model.vision_tower = tower
     return model

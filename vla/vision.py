@@ -33,6 +33,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 VISION_ENCODERS = ("siglip", "keypoints", "conv")  # VLAConfig.vision_encoder's choices
 STRIDE = 4  # the keypoint stem's downsampling: a 64 px image gives a 16 x 16 map
 CONV_STRIDE = 8  # the conv encoder's: a 64 px image gives an 8 x 8 map
+STRIDES = {"keypoints": STRIDE, "conv": CONV_STRIDE}  # what an image's side must be a multiple of, per tower
 
 
 def spatial_softmax(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,3 +142,13 @@ class ConvEncoder(nn.Module):
             raise ValueError(f"the conv encoder reads RGB images [B, 3, {s}, {s}], got shape {tuple(pixel_values.shape)}")
         feature = self.norm(self.project(self.stem(pixel_values).flatten(1)))  # [B, hidden]
         return BaseModelOutputWithPooling(last_hidden_state=feature[:, None] + self.token_embedding)
+
+
+def build_tower(name: str, hidden: int, tokens: int, image_size: int) -> nn.Module:
+    """The randomly initialised tower that replaces SigLIP for ``vision_encoder = name`` ("keypoints" or "conv"):
+    ``tokens`` tokens of width ``hidden`` per ``image_size`` square image."""
+    if name == "keypoints":
+        return KeypointEncoder(hidden, tokens)
+    if name == "conv":
+        return ConvEncoder(hidden, tokens, image_size)
+    raise ValueError(f"no tower replaces SigLIP for vision encoder {name!r}; use one of {', '.join(STRIDES)}")

@@ -42,13 +42,13 @@ class _Running:
     actions: ChunkQueue | TemporalEnsemble
     history: StateHistory | None = None  # obs_steps > 1
     seen: dict[str, Any] | None = None  # what the policy is shown: obs, its state as the history [n, S] when kept
+    ret: float = 0.0
+    length: int = 0
 
     def observe(self, obs: dict[str, Any]) -> None:
         self.obs = self.seen = obs
         if self.history is not None and OBS_STATE in obs:
             self.seen = {**obs, OBS_STATE: np.stack(self.history.push(np.asarray(obs[OBS_STATE])))}
-    ret: float = 0.0
-    length: int = 0
 
 
 def _as_chunk(actions: Any, action_dim: int) -> np.ndarray:
