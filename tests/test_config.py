@@ -28,6 +28,23 @@ def test_overrides_with_a_choice_type():
     assert isinstance(load_config("configs/debug.yaml").tokenizer, TOKENIZER_CONFIGS["fast"])
 
 
+def test_another_tokenizer_type_drops_the_files_tokenizer_options(tmp_path):
+    """configs/aloha.yaml sets FAST's scale; --tokenizer.type=beast gives BEAST, its options from the command line or
+    its defaults, and keeps the rest of the file (whether the file comes as an argument or as --config_path)."""
+    for path, args in (("configs/aloha.yaml", []), (None, ["--config_path", "configs/aloha.yaml"]),
+                       (None, ["--config_path=configs/aloha.yaml"])):  # fmt: skip
+        cfg = load_config(path, [*args, "--tokenizer.type=beast", "--tokenizer.n_control_points=7"])
+        assert isinstance(cfg.tokenizer, TOKENIZER_CONFIGS["beast"]) and cfg.tokenizer.n_control_points == 7
+        assert cfg.policy.time_horizon == 50 and cfg.steps == 4000  # the file's other settings
+    assert load_config("configs/aloha.yaml", ["--tokenizer.type=bin"]).tokenizer == tokenizer_config("bin")
+    same = load_config("configs/aloha.yaml", ["--tokenizer.type=fast", "--tokenizer.scale=20"])
+    assert same.tokenizer.scale == 20 and same.policy.time_horizon == 50
+    with pytest.raises(ValueError, match="scale"):  # the file's own type keeps draccus' check of its options
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("tokenizer:\n  type: beast\n  scale: 3.0\n")
+        load_config(str(bad), ["--tokenizer.type=beast"])
+
+
 def test_tokenizer_choices_are_the_librarys_registry():
     """One registry: every registered tokenizer is a config choice with the fields and defaults of its Options."""
     import dataclasses

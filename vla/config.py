@@ -9,12 +9,14 @@ tokenizer's ``Options`` dataclass becomes ``--tokenizer.type=<name>`` with the s
 tokenizer needs no line here.
 
 draccus gotcha: a field of a choice type needs its ``type`` too on the command line (``--tokenizer.type=fast``
-before ``--tokenizer.scale=5``), even when the YAML already chose it.
+before ``--tokenizer.scale=5``), even when the YAML already chose it. A ``--tokenizer.type`` other than the YAML's
+drops the YAML's tokenizer options (``configs/aloha.yaml --tokenizer.type=beast`` is BEAST with its defaults).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import typing
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from typing import Any
 
 import draccus
 import numpy as np
+import yaml
 
 import action_tokenizers as at
 from lerobot.utils.constants import OBS_STATE
@@ -71,6 +74,9 @@ def _choice_for(name: str, cls: type[at.ActionTokenizer]) -> type[TokenizerConfi
 TOKENIZER_CONFIGS: dict[str, type[TokenizerConfig]] = {name: _choice_for(name, cls) for name, cls in at.TOKENIZERS.items()}
 
 
+DEFAULT_TOKENIZER = "fast"
+
+
 def tokenizer_config(name: str, **options: Any) -> TokenizerConfig:
     """The tokenizer choice ``name`` with ``options`` set, e.g. ``tokenizer_config("bin", n_bins=64)``."""
     return TOKENIZER_CONFIGS[at.get_tokenizer_class(name).name](**options)
@@ -81,7 +87,7 @@ def tokenizer_config(name: str, **options: Any) -> TokenizerConfig:
 class TrainConfig:
     dataset_root: str = "outputs/datasets/metaworld_push-v3"  # a local LeRobot v3.0 dataset
     output_dir: str = "outputs/train/default"  # checkpoints, metrics.jsonl, loss.png, the final policy
-    tokenizer: TokenizerConfig = field(default_factory=lambda: tokenizer_config("fast"))
+    tokenizer: TokenizerConfig = field(default_factory=lambda: tokenizer_config(DEFAULT_TOKENIZER))
     # The policy, its optimiser and schedule (VLAConfig's fields: --policy.time_horizon=..., --policy.optimizer_lr=...).
     policy: VLAConfig = field(default_factory=VLAConfig)
     heldout_episodes: float = 0.0  # share of episodes kept out of training (and out of tokenizer fitting)
@@ -159,6 +165,34 @@ def load_config(config_path: str | None = None, args: list[str] | None = None) -
     for path in ([config_path] if config_path is not None else []) + named:
         if not Path(path).is_file():
             raise ValueError(f"no config file {path!r}; pass one of configs/*.yaml or your own YAML file")
+    path = named[-1] if named else config_path
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = _without_other_tokenizer_options(path, args, Path(tmp))
+        if copy is None:
+            return _parse(config_path, args)
+        flags = [i for i, a in enumerate(args) if a.split("=", 1)[0] == "--config_path"]
+        dropped = set(flags) | {i + 1 for i in flags if "=" not in args[i]}
+        return _parse(copy, [a for i, a in enumerate(args) if i not in dropped])
+
+
+def _without_other_tokenizer_options(path: str | None, args: list[str], tmp: Path) -> str | None:
+    """A copy in ``tmp`` of the YAML at ``path`` without its tokenizer options when ``--tokenizer.type`` on the command
+    line chooses another tokenizer (``--tokenizer.type=beast`` on a file that sets FAST's ``scale`` starts BEAST from
+    its defaults, where draccus would refuse ``scale`` as no field of BEAST's); None when the file can be used as is."""
+    chosen = [a.split("=", 1)[1] for a in args if a.startswith("--tokenizer.type=")]
+    if path is None or not chosen:
+        return None
+    content = yaml.safe_load(Path(path).read_text()) or {}
+    tokenizer = content.get("tokenizer") if isinstance(content, dict) else None
+    if not isinstance(tokenizer, dict) or tokenizer.get("type", DEFAULT_TOKENIZER) == chosen[-1]:
+        return None
+    content["tokenizer"] = {"type": chosen[-1]}
+    copy = tmp / Path(path).name
+    copy.write_text(yaml.safe_dump(content, sort_keys=False))
+    return str(copy)
+
+
+def _parse(config_path: str | None, args: list[str]) -> TrainConfig:
     try:
         return draccus.parse(TrainConfig, config_path=config_path, args=args)
     except draccus.utils.ParsingError as err:
