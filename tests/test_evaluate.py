@@ -38,6 +38,13 @@ def test_evaluation_does_not_depend_on_how_many_envs_run_at_once(tiny_policy):
     assert three["chunks"] == one["chunks"] == 6
 
 
+def test_evaluation_with_beam_search_reports_it(tiny_policy, tmp_path):
+    report = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, max_steps=8, num_beams=3, progress=False)
+    assert report["num_beams"] == 3 and report["valid_chunk_rate"] == 1.0 and report["chunks"] == 2
+    with pytest.raises(ValueError, match="num_beams = 0"):
+        evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, num_beams=0, progress=False)
+
+
 def test_evaluation_rejects_training_seeds_and_missing_policy(tiny_policy, tmp_path):
     with pytest.raises(ValueError, match="overlap training seeds"):
         evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, seed_start=0, progress=False)

@@ -82,6 +82,8 @@ def test_config_is_registered_and_carries_what_lerobot_needs():
         ({"state_encoding": "continuous"}, "state_encoding = 'continuous' is invalid: use one of text, embedding"),
         ({"state_tokens": 0}, "state_tokens = 0"),
         ({"image_shift": -1}, "image_shift = -1"),
+        ({"num_beams": 0}, "num_beams = 0"),
+        ({"num_beams": 4, "temperature": 0.7}, "needs temperature 0 and decoding='autoregressive'"),
     ],
 )
 def test_config_errors_name_the_value_and_the_fix(options, message):
@@ -183,6 +185,17 @@ def test_predict_and_the_action_queue():
         torch.testing.assert_close(ensembled[k], chunk[:, k])
     w = torch.tensor([1.0, np.exp(-0.5)])
     torch.testing.assert_close(ensembled[4], (w[0] * chunk[:, 4] + w[1] * chunk[:, 0]) / w.sum())
+
+
+def test_beam_search_chunks_are_at_least_as_probable_as_greedys():
+    policy = make_policy(cameras=(CAM,))
+    batch = make_batch(b=2, cameras=(CAM,))
+    greedy = policy.predict_action_chunk(batch)
+    policy.config.num_beams = 4
+    beam = policy.predict_action_chunk(batch)
+    assert beam.shape == greedy.shape and torch.isfinite(beam).all() and policy.last_decode_info.valid.all()
+    policy.config.num_beams = 1
+    torch.testing.assert_close(policy.predict_action_chunk(batch), greedy)  # back to greedy, the same chunk
 
 
 @pytest.mark.parametrize("name", ["fast", "bin", "fsq", "fast_state_embedding"])

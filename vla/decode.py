@@ -22,6 +22,12 @@ One-pass decoding (a prompt with query slots, ``SequenceLayout(decoding="paralle
 logits of every slot at once; the ids are then picked slot by slot under the constraint (each slot's mask is the
 automaton's after the ids picked before it: no model call, so the chunk is as valid as a step-by-step one).
 ``fixed_chunk_length`` says whether a tokenizer's constraint allows that: every chunk exactly ``n`` ids.
+
+Beam search (``num_beams=K`` > 1, greedy's generalisation): each row is copied K times, the K most probable partial
+chunks (summed log-probabilities under the constraint) are kept at every step, the KV cache follows the surviving
+hypotheses, and the most probable finished chunk is returned. ``num_beams=1`` is greedy, id for id. Because a
+tokenizer writes each chunk as exactly one id sequence, the most probable sequence is the model's most probable
+chunk, so no length penalty is applied (a variable-length FAST chunk is scored like a fixed-length one).
 """
 
 from __future__ import annotations
@@ -117,6 +123,9 @@ class Generation:
     valid: np.ndarray  # bool [B]: finished, and only action ids before the stop
     errors: list[str | None] = field(default_factory=list)
     steps: int = 0  # tokens generated for the longest row (forward passes after the prefill)
+    # float [B]: each row's ids (and its stop) summed log-probability under the model with the constraint's masks, at
+    # temperature 1 whatever was sampled: how sure the model was of the whole chunk (beam search maximises it)
+    log_prob: np.ndarray | None = None
 
     @property
     def tokens_per_chunk(self) -> np.ndarray:
@@ -170,6 +179,7 @@ def generate(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     lean: bool = True,
+    num_beams: int = 1,
 ) -> Generation:
     """Generate action ids after a left-padded ``prompt`` (``SequenceLayout.build_prefix``) for every row.
 
@@ -178,11 +188,20 @@ def generate(
     Each row stops at ``"|"``/EOS; decoding ends when every row has stopped or after ``max_new_tokens`` steps.
     ``lean``: with the cache, run the steps after the prefill through ``LeanSteps`` where the backbone allows it.
     A prompt with query slots (parallel decoding) is decoded in one forward pass (``steps`` = 1).
+    ``num_beams``: > 1 runs beam search with that many hypotheses per row (greedy, so ``temperature`` must be 0).
     """
     vc = VocabConstraint(constraint, vocab) if isinstance(constraint, Constraint) else constraint
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
-    if bool(prompt.query_slots.any()):  # parallel decoding: one forward pass, whatever max_new_tokens says
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be a positive integer (1 = greedy), got {num_beams!r}")
+    parallel = bool(prompt.query_slots.any())
+    if num_beams > 1 and (temperature > 0 or parallel):
+        raise ValueError(
+            "beam search (num_beams > 1) keeps the most probable chunks, so it needs temperature 0 and step-by-step "
+            f"decoding; got temperature {temperature}" + (" and a parallel prompt (query slots)" if parallel else "")
+        )
+    if parallel:  # parallel decoding: one forward pass, whatever max_new_tokens says
         return _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean)
     if max_new_tokens is None:
         if vc is None:
@@ -199,7 +218,7 @@ def generate(
     whole = LeanSteps.threads_for(model, rows=prompt.input_ids.numel()) if lean else None
     with _intra_op_threads(whole):
         return _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator,
-                       lean)  # fmt: skip
+                       lean, num_beams)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -227,14 +246,62 @@ def _allowed(logits: torch.Tensor, vc, states, vocab: VocabMap) -> torch.Tensor:
     return logits.index_fill(-1, torch.tensor([vocab.text.image_id], device=logits.device), float("-inf"))
 
 
-def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator, lean):
-    """``generate`` after its checks: prefill, then one token per step (lean, transformers' cache, or recomputed)."""
+class _Beams:
+    """Beam search's bookkeeping for ``rows`` prompts of ``k`` hypotheses each (model rows ``r * k .. r * k + k - 1``):
+    their summed log-probabilities, and which rows each step's survivors came from."""
+
+    def __init__(self, rows: int, k: int, device: torch.device):
+        self.k = k
+        # The k copies of a prompt are identical at first: only the first may grow, or the step would pick k copies
+        # of the same id.
+        self.scores = torch.full((rows, k), float("-inf"), device=device)
+        self.scores[:, 0] = 0.0
+
+    def select(self, logits: torch.Tensor, done: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``logits`` ``[R * k, V]`` (masked ids at -inf), ``done`` ``[R * k]`` (hypotheses that stopped, which go on
+        with ``pad`` at no cost) -> the parent row ``[R * k]`` and the id ``[R * k]`` of each surviving hypothesis."""
+        rows, k = self.scores.shape
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [R * k, V]
+        logp = logp.masked_fill(done[:, None] | logp.isnan(), float("-inf"))  # NaN logits: no continuation
+        logp[:, pad] = torch.where(done, 0.0, logp[:, pad])
+        total = (self.scores.reshape(-1, 1) + logp).reshape(rows, -1)  # [R, k * V]
+        self.scores, flat = total.topk(k, dim=-1)  # [R, k]
+        v = logp.shape[-1]
+        parent = flat // v + torch.arange(rows, device=flat.device)[:, None] * k
+        return parent.flatten(), (flat % v).flatten()
+
+    @property
+    def dead(self) -> torch.Tensor:
+        """bool ``[R * k]``: hypotheses with no probability left (fewer allowed continuations than beams)."""
+        return ~torch.isfinite(self.scores).flatten()
+
+    def best(self) -> torch.Tensor:
+        """``[R]``: the model row of each prompt's most probable hypothesis."""
+        rows, k = self.scores.shape
+        return self.scores.argmax(dim=-1) + torch.arange(rows, device=self.scores.device) * k
+
+
+def _repeat_rows(prompt: Sequence, k: int) -> Sequence:
+    """Each row of ``prompt`` ``k`` times in a row (beam search's hypotheses)."""
+    return Sequence(**{name: t.repeat_interleave(k, dim=0) for name, t in prompt.__dict__.items()})
+
+
+def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator, lean,
+            num_beams=1):  # fmt: skip
+    """``generate`` after its checks: prefill, then one token per step (lean, transformers' cache, or recomputed);
+    with ``num_beams`` > 1 every row runs as that many hypotheses, the cache following the survivors of each step."""
     device = model.device
     prompt = prompt.to(device)
+    beams = None
+    if num_beams > 1:
+        beams = _Beams(len(prompt), num_beams, device)
+        prompt = _repeat_rows(prompt, num_beams)
+        images = images.repeat_interleave(num_beams, dim=0) if images is not None else None
     b = len(prompt)
     pad, end_id, eos_id = vocab.text.pad_id, vocab.end_id, vocab.text.eos_id
     states = [vc.start() for _ in range(b)] if vc is not None else None
-    finished = torch.zeros(b, dtype=torch.bool, device=device)
+    finished = torch.zeros(b, dtype=torch.bool, device=device)  # the row emitted "|" or EOS
+    done = finished.clone()  # finished, or a hypothesis beam search has no probability left for
     next_position = prompt.position_ids[:, -1] + 1  # [B]: left padding puts every row's last token in the last column
     ones = torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)
     tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
@@ -252,17 +319,33 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
     with _intra_op_threads(LeanSteps.threads_for(model, rows=b) if lean_steps is not None else None):
         steps = 0
         nonfinite = torch.zeros(b, dtype=torch.bool, device=device)  # rows whose logits held NaN/inf: never valid
+        log_prob = torch.zeros(b, device=device)
         for step in range(max_new_tokens):
-            nonfinite |= ~torch.isfinite(logits).all(dim=-1) & ~finished  # on the device: no sync per step
-            token = sample(_allowed(logits, vc, states, vocab), temperature, top_p, generator)  # [B]
-            token = token.masked_fill(finished, pad)
+            nonfinite |= ~torch.isfinite(logits).all(dim=-1) & ~done  # on the device: no sync per step
+            allowed = _allowed(logits, vc, states, vocab)
+            if beams is None:
+                token = sample(allowed, temperature, top_p, generator)  # [B]
+            else:  # the k best continuations of each prompt's hypotheses; every row takes its parent's history
+                rows, token = beams.select(allowed, done, pad)
+                allowed, log_prob = allowed[rows], log_prob[rows]
+                tokens, finished, nonfinite = tokens[rows], finished[rows], nonfinite[rows]
+                states = [states[i] for i in rows.tolist()] if states is not None else None
+                if lean_steps is not None:
+                    lean_steps.reorder(rows)
+                elif use_cache:
+                    cache.reorder_cache(rows)
+                done = finished | beams.dead
+            token = token.masked_fill(done, pad)
+            picked = torch.log_softmax(allowed.float(), dim=-1).gather(1, token[:, None]).squeeze(1)
+            log_prob += torch.where(done, 0.0, picked)
             tokens[:, step] = token
             steps = step + 1
             if vc is not None:
-                active = range(b) if step == 0 else torch.nonzero(~finished).flatten().tolist()
+                active = range(b) if step == 0 and beams is None else torch.nonzero(~done).flatten().tolist()
                 vc.advance_batch(states, token, active)
             finished |= (token == end_id) | (token == eos_id)
-            if step + 1 == max_new_tokens or bool(finished.all()):
+            done |= finished
+            if step + 1 == max_new_tokens or bool(done.all()):
                 break
             if lean_steps is not None:  # the backbone's layers on the static cache (same arithmetic, no framework)
                 logits = model.logits(lean_steps(token, step))
@@ -282,7 +365,12 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
                 out = model(torch.cat([prompt.input_ids, new], dim=1), prefix_lm_mask(valid, ar), positions,
                             token_type_ids=ar, images=images, state=prompt.state, state_slots=slots)  # fmt: skip
             logits = model.logits(out.last_hidden_state[:, -1])
-    return _collect(tokens[:, :steps].cpu(), finished.cpu().numpy(), vocab, steps, nonfinite.cpu().numpy())
+    if beams is not None:  # each prompt's most probable hypothesis
+        best = beams.best()
+        tokens, finished, nonfinite, log_prob = tokens[best], finished[best], nonfinite[best], log_prob[best]
+    gen = _collect(tokens[:, :steps].cpu(), finished.cpu().numpy(), vocab, steps, nonfinite.cpu().numpy())
+    gen.log_prob = log_prob.cpu().numpy()
+    return gen
 
 
 def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean) -> Generation:

@@ -127,6 +127,7 @@ def evaluate(
     seed_start: int = EVAL_SEED_START,
     n_action_steps: int | None = None,
     ensemble: float | None = None,
+    num_beams: int | None = None,
     max_steps: int | None = None,
     num_envs: int = 10,
     gif_episodes: int = 0,
@@ -136,7 +137,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Closed-loop episodes on seeds ``seed_start ..``, ``num_envs`` at a time (the policy decodes their chunks
     as one batch; results do not depend on ``num_envs`` beyond floating-point noise in the batched forward).
-    ``n_action_steps`` and ``ensemble`` (temporal ensembling's coefficient) default to the policy's."""
+    ``n_action_steps``, ``ensemble`` (temporal ensembling's coefficient) and ``num_beams`` (beam search's hypotheses
+    per chunk) default to the policy's."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     if num_envs < 1:
@@ -155,6 +157,9 @@ def evaluate(
     if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
         raise ValueError(f"n_action_steps {n_action_steps} is outside the policy's chunk: use 1..{config.time_horizon} "
                          f"(time_horizon), or leave it unset for the policy's {config.n_action_steps}")  # fmt: skip
+    if num_beams is not None:
+        config.check_num_beams(num_beams)
+        config.num_beams = num_beams
     if gif_episodes and not config.image_keys:
         raise ValueError("--gif draws the policy's camera, and this policy has none (state only); drop --gif")
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
@@ -208,6 +213,7 @@ def evaluate(
     common = dict(
         n_action_steps=steps,
         temporal_ensemble=ensemble,
+        num_beams=config.num_beams,
         num_envs=len(envs),
         chunks=len(runner.valid),
         latency_ms_mean=float(single.mean()),  # one observation at a time: what a robot waits for
@@ -304,6 +310,9 @@ def add_cli(subparsers) -> None:
                    help="ACT's temporal ensembling: predict a chunk every --n-action-steps (default 1) and run the "
                    "weighted mean of the chunks covering each step, weights exp(-COEFF * i), oldest first (ACT: 0.01; "
                    "default: the policy's temporal_ensemble, none)")
+    p.add_argument("--num-beams", type=int, default=None, metavar="K",
+                   help="decode each chunk by beam search over K hypotheses, the most probable chunk instead of "
+                   "greedy's id-by-id choice (default: the policy's num_beams, 1)")
     p.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the simulator's)")
     p.add_argument("--num-envs", type=int, default=10, help="episodes run at once, their chunks decoded as one batch")
     p.add_argument("--observation", choices=["privileged", "proprio", "lerobot"], default=None,
@@ -318,7 +327,8 @@ def _run(args: argparse.Namespace) -> int:
     out = args.out or args.policy.parent / f"eval_{args.task.replace(',', '+')}"
     report = evaluate(
         args.policy, f"{args.env}/{args.task}", args.episodes, seed_start=args.seed_start,
-        n_action_steps=args.n_action_steps, ensemble=args.temporal_ensemble, max_steps=args.max_steps,
+        n_action_steps=args.n_action_steps, ensemble=args.temporal_ensemble, num_beams=args.num_beams,
+        max_steps=args.max_steps,
         num_envs=args.num_envs, gif_episodes=args.gif,
         env_options={"observation": args.observation} if args.observation else None, out_dir=out,
     )  # fmt: skip

@@ -160,6 +160,12 @@ class LeanSteps:
             x = x + (F.gelu(gate, approximate="tanh") * up) @ w_down  # Gemma's gelu_pytorch_tanh
         return self._norm(x, self.final_norm_weight)
 
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row ``i`` takes row ``rows[i]``'s cache, mask and positions (beam search's survivors, ``[B]`` indices)."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.mask, self.cos, self.sin = (t.index_select(0, rows) for t in (self.mask, self.cos, self.sin))
+
     def layers_forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, col: int, last: int = 0
     ):

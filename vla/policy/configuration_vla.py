@@ -90,6 +90,9 @@ class VLAConfig(PreTrainedConfig):
     # --- decoding -----------------------------------------------------------------------------------------
     temperature: float = 0.0  # 0 = greedy; > 0 samples (openpi used 0.7 for bimanual tasks)
     top_p: float = 1.0  # nucleus sampling mass (with temperature > 0)
+    # > 1: beam search, the most probable chunk among num_beams hypotheses per observation kept at every step (greedy's
+    # generalisation: temperature 0, autoregressive decoding); 1 = greedy or sampling
+    num_beams: int = 1
     constrained: bool = True  # mask logits with the tokenizer's constraint (False only for ablations)
     use_kv_cache: bool = True  # prefill once and decode from the KV cache (False recomputes every step)
     # "autoregressive": one action id per forward pass (pi0-FAST); "parallel": one learned query slot per id of a
@@ -191,12 +194,21 @@ class VLAConfig(PreTrainedConfig):
         _check(self.state_tokens >= 1, "state_tokens", self.state_tokens, "use a positive number (1 is typical)")
         _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")
+        self.check_num_beams(self.num_beams)
         _check(self.action_tokenizer_type in at.TOKENIZERS, "action_tokenizer_type", self.action_tokenizer_type,
                f"use one of {', '.join(at.TOKENIZERS)}")  # fmt: skip
         for name in ("action_norm_mode", "state_norm_mode"):
             mode = getattr(self, name)
             _check(mode in NORM_MODES, name, mode, f"use one of {', '.join(NORM_MODES)}")
         self.optimizer_betas = tuple(self.optimizer_betas)  # YAML gives a list
+
+    def check_num_beams(self, num_beams: Any) -> None:
+        """Raise unless ``num_beams`` suits this policy (a positive integer; > 1 only for greedy autoregressive)."""
+        _check(isinstance(num_beams, int) and num_beams >= 1, "num_beams", num_beams,
+               "use 1 (greedy or sampling) or more hypotheses for beam search, e.g. 4")  # fmt: skip
+        _check(num_beams == 1 or self.temperature == 0 and self.decoding == "autoregressive", "num_beams", num_beams,
+               f"beam search keeps the most probable chunks, so it needs temperature 0 and decoding='autoregressive' "
+               f"(this policy: {self.temperature}, {self.decoding!r}); use num_beams=1")  # fmt: skip
 
     def relative_mask(self) -> tuple[bool, ...] | None:
         """The resolved mask of relative dimensions, or None when every dimension is absolute."""

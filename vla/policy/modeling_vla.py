@@ -265,6 +265,7 @@ class VLAPolicy(PreTrainedPolicy):
             max_new_tokens=self.max_new_tokens,
             temperature=self.config.temperature,
             top_p=self.config.top_p,
+            num_beams=self.config.num_beams,
             use_cache=self.config.use_kv_cache,
             generator=generator,
         )
