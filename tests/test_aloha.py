@@ -3,6 +3,11 @@ expert replayed through the rollout loop, and a recording into a LeRobot dataset
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -153,3 +158,20 @@ def test_missing_models_say_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gym_aloha" else real(name, *a))
     with pytest.raises(RuntimeError, match="make setup"):
         assets_dir()
+
+
+def test_the_closed_loop_table_reads_every_listed_run(tmp_path):
+    """scripts/aloha_table.py on the committed results: one row per run in runs.json, each figure from its file."""
+    repo = Path(__file__).parents[1]
+    runs = json.loads((repo / "results/aloha/runs.json").read_text())["runs"]
+    done = subprocess.run([sys.executable, str(repo / "scripts/aloha_table.py"), "--out", str(tmp_path),
+                           "--runs", str(repo / "results/aloha/runs.json")], capture_output=True, text=True, cwd=repo)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in (tmp_path / "closed_loop.md").read_text().splitlines() if line.startswith("| ") and
+            not line.startswith("| task") and not line.startswith("| ---")]  # fmt: skip
+    assert len(rows) == len(runs)
+    for run, row in zip(runs, rows):
+        info = json.loads((repo / "results/aloha" / run["file"]).read_text())
+        assert row.startswith(f"| {info['env'].split('/')[1]} | {run['tokenizer']} | {run['demos']} |")
+        assert row.endswith(f"| {info['success_rate']:.0%} ({info['episodes']} ep) |")
+    assert (tmp_path / "closed_loop.png").stat().st_size > 10_000

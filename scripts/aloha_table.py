@@ -1,0 +1,100 @@
+"""Collect the ALOHA closed-loop runs into results/aloha/closed_loop.md and closed_loop.png.
+
+    python scripts/aloha_table.py [--runs results/aloha/runs.json] [--out results/aloha]
+
+``runs.json`` lists, per evaluation file in the same folder (``vla eval --env aloha ... --out DIR`` writes
+``DIR/eval_info.json``; each is kept as ``results/aloha/eval_*.json``), the training recipe that the file cannot tell
+(tokenizer, demonstrations, steps); success, episodes, ids per chunk, actions run per chunk, temporal ensembling, beam
+search and latency are read from the evaluation file itself. The chart draws one bar per run, grouped by task, with
+the issue's FAST targets (transfer-cube 90%, insertion 50%) as dashed lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vla.io import atomic_write_text
+
+TARGETS = {"transfer-cube": 0.90, "insertion": 0.50}  # FAST's targets in issue #15 (ACT's own: ~90% and ~50%)
+
+
+def load(runs_path: Path) -> list[dict]:
+    """One row per listed run: its recipe from ``runs.json``, its figures from its evaluation file."""
+    folder = runs_path.parent
+    rows = []
+    for run in json.loads(runs_path.read_text())["runs"]:
+        info = json.loads((folder / run["file"]).read_text())
+        task = info["env"].split("/", 1)[1]
+        rows.append({
+            **run, "task": task, "success_rate": info["success_rate"], "episodes": info["episodes"],
+            "tokens_per_chunk": info["tokens_per_chunk"], "n_action_steps": info["n_action_steps"],
+            "temporal_ensemble": info.get("temporal_ensemble"), "num_beams": info.get("num_beams", 1),
+            "latency_ms_mean": info["latency_ms_mean"],
+        })  # fmt: skip
+    return rows
+
+
+def decoding(row: dict) -> str:
+    how = f"beam {row['num_beams']}" if row["num_beams"] > 1 else "greedy"
+    if row["temporal_ensemble"] is not None:
+        return f"{how}, ensembled every {row['n_action_steps']}"
+    return f"{how}, {row['n_action_steps']} run"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| task | tokenizer | demos | steps | decoding, actions run per chunk | ids/chunk | latency ms | success |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['task']} | {r['tokenizer']} | {r['demos']} | {r['steps']:,} | {decoding(r)} | "
+                     f"{r['tokens_per_chunk']:.1f} | {r['latency_ms_mean']:.0f} | "
+                     f"{r['success_rate']:.0%} ({r['episodes']} ep) |")  # fmt: skip
+    lines += ["", "Latency: one observation at a time, from each evaluation at its own machine load (compare orders "
+              "of magnitude only). Targets (issue #15, for FAST): " +
+              ", ".join(f"{t} {v:.0%}" for t, v in TARGETS.items()) + "."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in TARGETS if any(r["task"] == t for r in rows)]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False,
+                             gridspec_kw={"width_ratios": [sum(r["task"] == t for r in rows) for t in tasks]})
+    for ax, task in zip(axes[0], tasks):
+        mine = [r for r in rows if r["task"] == task]
+        labels = [f"{r['tokenizer']}\n{r['demos']} demos, {r['steps'] // 1000}k\n{decoding(r).replace(', ', chr(10))}"
+                  for r in mine]  # fmt: skip
+        colors = ["tab:blue" if r["tokenizer"].startswith("FAST") else "tab:orange" for r in mine]
+        bars = ax.bar(range(len(mine)), [r["success_rate"] for r in mine], color=colors)
+        ax.bar_label(bars, labels=[f"{r['success_rate']:.0%}" for r in mine], fontsize=8)
+        ax.axhline(TARGETS[task], color="k", ls="--", lw=1, label=f"FAST target {TARGETS[task]:.0%}")
+        ax.set_xticks(range(len(mine)), labels, fontsize=7)
+        ax.set_ylim(0, 1.08)
+        ax.set_title(f"aloha/{task}")
+        ax.legend(fontsize=8, loc="upper left")
+    axes[0][0].set_ylabel("success rate (evaluation episodes)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=Path, default=Path("results/aloha/runs.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/aloha"))
+    args = parser.parse_args()
+    rows = load(args.runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out / "closed_loop.md", table(rows))
+    plot(rows, args.out / "closed_loop.png")
+    print(table(rows), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
