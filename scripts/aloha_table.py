@@ -5,7 +5,8 @@
 ``runs.json`` lists, per evaluation file in the same folder (``vla eval --env aloha ... --out DIR`` writes
 ``DIR/eval_info.json``; each is kept as ``results/aloha/eval_*.json``), the training recipe that the file cannot tell
 (tokenizer, demonstrations, steps); success, episodes, ids per chunk, actions run per chunk, temporal ensembling, beam
-search and latency are read from the evaluation file itself. The chart draws one bar per run, grouped by task, with
+search, latency and the evaluation seeds are read from the evaluation file itself (a run on seeds other than the
+standard ``EVAL_SEED_START ..`` says where it started: a second sample of episodes, to check a result chosen on the first). The chart draws one bar per run, grouped by task, with
 the issue's FAST targets (transfer-cube 90%, insertion 50%) as dashed lines.
 """
 
@@ -16,6 +17,7 @@ import json
 from pathlib import Path
 
 from vla.io import atomic_write_text
+from vla.sim import EVAL_SEED_START
 
 TARGETS = {"transfer-cube": 0.90, "insertion": 0.50}  # FAST's targets in issue #15 (ACT's own: ~90% and ~50%)
 
@@ -31,7 +33,7 @@ def load(runs_path: Path) -> list[dict]:
             **run, "task": task, "success_rate": info["success_rate"], "episodes": info["episodes"],
             "tokens_per_chunk": info["tokens_per_chunk"], "n_action_steps": info["n_action_steps"],
             "temporal_ensemble": info.get("temporal_ensemble"), "num_beams": info.get("num_beams", 1),
-            "latency_ms_mean": info["latency_ms_mean"],
+            "latency_ms_mean": info["latency_ms_mean"], "seed_start": info["seed_start"],
         })  # fmt: skip
     return rows
 
@@ -43,17 +45,30 @@ def decoding(row: dict) -> str:
     return f"{how}, {row['n_action_steps']} run"
 
 
+def episodes(row: dict) -> str:
+    """``50 ep`` on the standard evaluation seeds, ``200 ep from seed 1,000,050`` on another range."""
+    if row["seed_start"] == EVAL_SEED_START:
+        return f"{row['episodes']} ep"
+    return f"{row['episodes']} ep from seed {row['seed_start']:,}"
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| task | tokenizer | demos | steps | decoding, actions run per chunk | ids/chunk | latency ms | success |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
         lines.append(f"| {r['task']} | {r['tokenizer']} | {r['demos']} | {r['steps']:,} | {decoding(r)} | "
                      f"{r['tokens_per_chunk']:.1f} | {r['latency_ms_mean']:.0f} | "
-                     f"{r['success_rate']:.0%} ({r['episodes']} ep) |")  # fmt: skip
+                     f"{r['success_rate']:.1%} ({episodes(r)}) |")  # fmt: skip
     lines += ["", "Latency: one observation at a time, from each evaluation at its own machine load (compare orders "
               "of magnitude only). Targets (issue #15, for FAST): " +
               ", ".join(f"{t} {v:.0%}" for t, v in TARGETS.items()) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def bar_label(row: dict) -> str:
+    """A short x label: tokenizer, data and steps, decoding, and the seeds when not the standard ones."""
+    seeds = "" if row["seed_start"] == EVAL_SEED_START else f"\n{row['episodes']} other ep"
+    return f"{row['tokenizer']}\n{row['demos']} d, {row['steps'] // 1000}k\n{decoding(row).replace(', ', chr(10))}{seeds}"
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -63,17 +78,18 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = [t for t in TARGETS if any(r["task"] == t for r in rows)]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False,
-                             gridspec_kw={"width_ratios": [sum(r["task"] == t for r in rows) for t in tasks]})
+    counts = [sum(r["task"] == t for r in rows) for t in tasks]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(1.0 * sum(counts) + 2, 4.8), squeeze=False,
+                             gridspec_kw={"width_ratios": counts})
     for ax, task in zip(axes[0], tasks):
         mine = [r for r in rows if r["task"] == task]
-        labels = [f"{r['tokenizer']}\n{r['demos']} demos, {r['steps'] // 1000}k\n{decoding(r).replace(', ', chr(10))}"
-                  for r in mine]  # fmt: skip
+        labels = [bar_label(r) for r in mine]
         colors = ["tab:blue" if r["tokenizer"].startswith("FAST") else "tab:orange" for r in mine]
         bars = ax.bar(range(len(mine)), [r["success_rate"] for r in mine], color=colors)
         ax.bar_label(bars, labels=[f"{r['success_rate']:.0%}" for r in mine], fontsize=8)
         ax.axhline(TARGETS[task], color="k", ls="--", lw=1, label=f"FAST target {TARGETS[task]:.0%}")
         ax.set_xticks(range(len(mine)), labels, fontsize=7)
+        ax.set_xlabel("tokenizer / demonstrations, training steps / decoding, actions run per chunk", fontsize=8)
         ax.set_ylim(0, 1.08)
         ax.set_title(f"aloha/{task}")
         ax.legend(fontsize=8, loc="upper left")

@@ -25,9 +25,10 @@ automaton's after the ids picked before it: no model call, so the chunk is as va
 
 Beam search (``num_beams=K`` > 1, greedy's generalisation): each row is copied K times, the K most probable partial
 chunks (summed log-probabilities under the constraint) are kept at every step, the KV cache follows the surviving
-hypotheses, and the most probable finished chunk is returned. ``num_beams=1`` is greedy, id for id. Because a
-tokenizer writes each chunk as exactly one id sequence, the most probable sequence is the model's most probable
-chunk, so no length penalty is applied (a variable-length FAST chunk is scored like a fixed-length one).
+hypotheses, and the most probable finished chunk is returned. ``num_beams=1`` is greedy, id for id. The policy is
+trained on one id sequence per chunk (the tokenizer's own encoding; BPE could spell a FAST chunk other ways, which
+training never shows), so the most probable sequence stands for the most probable chunk and no length penalty is
+applied (a variable-length FAST chunk is scored like a fixed-length one).
 """
 
 from __future__ import annotations
