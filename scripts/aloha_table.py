@@ -6,8 +6,9 @@
 ``DIR/eval_info.json``; each is kept as ``results/aloha/eval_*.json``), the training recipe that the file cannot tell
 (tokenizer, demonstrations, steps); success, episodes, ids per chunk, actions run per chunk, temporal ensembling, beam
 search, latency and the evaluation seeds are read from the evaluation file itself (a run on seeds other than the
-standard ``EVAL_SEED_START ..`` says where it started: a second sample of episodes, to check a result chosen on the first). The chart draws one bar per run, grouped by task, with
-the issue's FAST targets (transfer-cube 90%, insertion 50%) as dashed lines.
+standard ``EVAL_SEED_START ..`` says where it started: a second sample of episodes, to check a result chosen on the
+first). The chart draws one bar per run, grouped by task, with the issue's FAST targets (transfer-cube 90%, insertion
+50%) as dashed lines.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def table(rows: list[dict]) -> str:
 def bar_label(row: dict) -> str:
     """A short x label: tokenizer, data and steps, decoding, and the seeds when not the standard ones."""
     seeds = "" if row["seed_start"] == EVAL_SEED_START else f"\n{row['episodes']} other ep"
-    return f"{row['tokenizer']}\n{row['demos']} d, {row['steps'] // 1000}k\n{decoding(row).replace(', ', chr(10))}{seeds}"
+    how = decoding(row).replace(", ", "\n")
+    return f"{row['tokenizer']}\n{row['demos']} d, {row['steps'] // 1000}k\n{how}{seeds}"
 
 
 def plot(rows: list[dict], path: Path) -> None:
