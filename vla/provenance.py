@@ -1,0 +1,113 @@
+"""What produced a result: every results file the project writes carries one ``provenance`` block.
+
+    record = {"success_rate": 0.9, ..., "provenance": provenance(config=cfg_dict, dataset=root)}
+
+The block names the code (git commit, and whether the working tree had uncommitted changes), the data (a
+fingerprint of the dataset folder's files), the settings (the full config as a plain dict), the command line,
+the numerics (torch threads, package versions, device) and when it was made. ``check(record)`` says what a
+block lacks; ``tests/test_provenance.py`` refuses committed results files without one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+REQUIRED = ("format", "commit", "dirty", "command", "packages", "threads", "created")
+PACKAGES = ("torch", "numpy", "transformers", "tokenizers", "lerobot", "mujoco", "metaworld", "scipy")
+_BIG_FILE = 64 << 20  # files above this are fingerprinted by size, head and tail
+
+
+def git_state(path: str | Path | None = None) -> tuple[str, bool]:
+    """The commit the code at ``path`` (default: this package) was run from, and whether it had uncommitted
+    changes to tracked files. ``("unknown", False)`` outside a git checkout (an installed wheel)."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return "unknown", False
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                                capture_output=True, text=True, timeout=30)  # fmt: skip
+        return commit.stdout.strip(), bool(status.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+
+
+def dataset_fingerprint(root: str | Path) -> dict[str, Any]:
+    """A sha256 over every file of a dataset folder (relative path, size and content; files above 64 MiB by
+    size, first and last MiB), with the file count: two folders with the same fingerprint hold the same data."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"dataset folder {root} does not exist: give the folder that holds meta/ and data/")
+    digest = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    for p in files:
+        size = p.stat().st_size
+        digest.update(f"{p.relative_to(root).as_posix()}\0{size}\0".encode())
+        with p.open("rb") as f:
+            if size <= _BIG_FILE:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            else:
+                digest.update(f.read(1 << 20))
+                f.seek(-(1 << 20), os.SEEK_END)
+                digest.update(f.read())
+    return {"sha256": digest.hexdigest(), "files": len(files), "name": root.name}
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Installed versions of the packages that change numerics (absent ones are left out)."""
+    versions = {"python": platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def provenance(
+    *,
+    config: dict[str, Any] | None = None,
+    dataset: str | Path | None = None,
+    fingerprint: dict[str, Any] | None = None,
+    command: list[str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The provenance block of a results file (see the module docstring). ``fingerprint`` reuses one already
+    computed for ``dataset``; ``extra`` adds fields (a wall time, a seed) as they are."""
+    import torch  # here, so that reading a block needs no torch
+
+    commit, dirty = git_state()
+    block: dict[str, Any] = {
+        "format": FORMAT,
+        "commit": commit,
+        "dirty": dirty,
+        "command": list(sys.argv if command is None else command),
+        "config": config,
+        "packages": package_versions(),
+        "threads": torch.get_num_threads(),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "cpus": os.cpu_count(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if dataset is not None or fingerprint is not None:
+        block["dataset"] = fingerprint if fingerprint is not None else dataset_fingerprint(dataset)
+    block.update(extra)
+    return block
+
+
+def check(record: Any) -> list[str]:
+    """What a results record's provenance block lacks: an empty list when it is complete."""
+    if not isinstance(record, dict) or not isinstance(record.get("provenance"), dict):
+        return ["no 'provenance' block"]
+    block = record["provenance"]
+    return [f"provenance lacks '{key}'" for key in REQUIRED if key not in block]
