@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("vla.evaluate", "closed-loop evaluation of a trained policy"),
     "inspect": ("vla.inspect", "draw one sample's token layout, attention mask and decoding steps"),
     "serve": ("vla.serve.cli", "serve a policy to robots over websockets (openpi's protocol)"),
+    "study": ("vla.study.cli", "closed-loop studies: tokenizers x settings x training seeds, with intervals"),
     "demo": ("vla.demo", "record, fit, train and evaluate every tokenizer, then compare"),
 }
 

@@ -105,6 +105,23 @@ def training_recording(policy_dir: str | Path) -> dict[str, Any]:
     return recording or {}
 
 
+def eval_provenance(policy_dir: Path | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """What produced an evaluation: its settings, the policy folder, and the training run's config and dataset
+    (from the run's ``train_config.json``, when the policy came from one and its dataset is here)."""
+    from vla.provenance import provenance
+
+    train_config, dataset = None, None
+    if policy_dir is not None:
+        try:
+            train_config = json.loads((policy_dir.parent / "train_config.json").read_text())
+            root = Path(train_config["dataset_root"])
+            dataset = root if (root / "meta").is_dir() else None
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return provenance(config={"eval": settings, "policy": str(policy_dir) if policy_dir else None,
+                              "train": train_config}, dataset=dataset)  # fmt: skip
+
+
 def _check_state_dim(envs: list, state_dim: int | None, env_options: dict[str, Any] | None) -> None:
     """A policy reads the state it was trained on: a clear error before the first step when the env gives another."""
     from lerobot.utils.constants import OBS_STATE
@@ -143,6 +160,7 @@ def evaluate(
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    policy_dir = None if isinstance(policy, VLAPolicy) else Path(policy)
     if not isinstance(policy, VLAPolicy):
         path = Path(policy)
         if not path.is_dir():
@@ -240,6 +258,9 @@ def evaluate(
             **common,
             "tasks": tasks,
         }
+    settings = dict(env=env_name, episodes=episodes, seed_start=seed_start, n_action_steps=steps, ensemble=ensemble,
+                    num_beams=config.num_beams, max_steps=max_steps, num_envs=num_envs, env_options=env_options)
+    report["provenance"] = eval_provenance(policy_dir, settings)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,56 @@
+"""``vla study run FILE`` and ``vla study table DIR`` (see ``vla.study.runner``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("study", help="closed-loop studies: tokenizers x settings x training seeds")
+    sub = p.add_subparsers(dest="study_command", metavar="COMMAND", required=True)
+    run = sub.add_parser("run", help="train and evaluate every run of a study not yet finished (resumable)")
+    run.add_argument("study", type=Path, help="a study file (configs/studies/*.yaml)")
+    run.add_argument("--work", type=Path, default=None, help="run folders (default: outputs/studies/<name>)")
+    run.add_argument("--results", type=Path, default=None, help="runs.json, table.md, success.png (default: results/<name>)")
+    run.add_argument("--workers", type=int, default=None, help="runs side by side (default: the study's)")
+    run.add_argument("--allow-dirty", action="store_true",
+                     help="run with uncommitted changes (each run records dirty: true)")
+    run.add_argument("--dry-run", action="store_true", help="list the runs and their commands, run nothing")
+    run.set_defaults(func=_run)
+    table = sub.add_parser("table", help="write table.md and success.png again from a study's runs.json")
+    table.add_argument("results", type=Path, help="a study's results folder (holding runs.json)")
+    table.set_defaults(func=_table)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from vla.study.runner import finished, run_study, train_command
+    from vla.study.spec import load_study
+
+    study = load_study(args.study)
+    if args.workers is not None:
+        if args.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {args.workers}")
+        study = dataclasses.replace(study, workers=args.workers)
+    if args.dry_run:
+        work = args.work or Path("outputs/studies") / study.name
+        done = {r["id"] for r in finished(study, work)}
+        for run in study.runs():
+            state = "finished" if run.id in done else "to run"
+            print(f"{run.id} ({state}): vla {' '.join(train_command(study, run, work / run.id)[3:])}")
+        return 0
+    summary = run_study(study, work=args.work, results=args.results, allow_dirty=args.allow_dirty)
+    for cell in summary["cells"]:
+        print(f"{cell['setting']} {cell['tokenizer']}: {cell['mean']:.1%} +- {cell['std']:.1%} over seeds "
+              f"{cell['seeds']} (min {cell['min']:.0%})")  # fmt: skip
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    from vla.study.report import rewrite
+
+    summary = rewrite(args.results)
+    print(f"wrote {args.results}/table.md and success.png ({len(summary['runs'])} runs)")
+    return 0

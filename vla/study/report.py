@@ -1,0 +1,132 @@
+"""A study's results: ``runs.json`` (every finished run), ``table.md`` (a row per grid cell: mean over training
+seeds, spread, each seed, Wilson 95% interval over the pooled episodes; then which gaps are significant) and
+``success.png`` (a bar per cell at its mean, the seeds as dots, the Wilson interval as a line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Any
+
+from vla.io import atomic_write_text, read_json, write_json
+from vla.provenance import provenance
+from vla.study.spec import MIN_SEEDS, Study
+from vla.study.stats import aggregate, compare
+
+FORMAT = 1
+
+
+def cells(study: Study, runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(setting, tokenizer) -> ``stats.aggregate`` of its finished runs, in the study's order."""
+    out = {}
+    for setting in study.settings:
+        for tok in study.tokenizers:
+            mine = [r for r in runs if r["setting"] == setting and r["tokenizer"] == tok]
+            if mine:
+                out[(setting, tok)] = aggregate(mine)
+    return out
+
+
+def comparisons(study: Study, table: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every pair of tokenizers within a setting, the better mean first."""
+    found = []
+    for setting in study.settings:
+        present = [t for t in study.tokenizers if (setting, t) in table]
+        for a, b in itertools.combinations(present, 2):
+            ca, cb = table[(setting, a)], table[(setting, b)]
+            if cb["mean"] > ca["mean"]:
+                a, b, ca, cb = b, a, cb, ca
+            found.append({"setting": setting, "better": a, "worse": b, **compare(ca, cb)})
+    return found
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, Any]]) -> str:
+    total = len(study.runs())
+    lines = [
+        f"# Study `{study.name}`",
+        "",
+        f"{len(runs)} of {total} runs finished. Each run: `vla train --config_path {study.config}` "
+        f"{' '.join(study.train)} with its setting's and tokenizer's arguments and `--seed`, then "
+        f"{study.eval['episodes']} evaluation episodes of {study.eval['env']}/{study.eval['task']}; "
+        f"{study.workers} runs side by side, {study.threads} torch thread(s) each. Mean and std are over training "
+        "seeds; the Wilson 95% interval is over all the cell's episodes (the evaluation's noise only).",
+        "",
+        "| setting | tokenizer | seeds | mean | std | min | per seed | Wilson 95% (episodes) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for (setting, tok), c in table.items():
+        few = " (too few seeds for a verdict)" if len(c["seeds"]) < MIN_SEEDS else ""
+        per_seed = ", ".join(f"s{s}: {_pct(r)}" for s, r in zip(c["seeds"], c["rates"]))
+        lines.append(
+            f"| {setting} | {tok} | {len(c['seeds'])}{few} | **{_pct(c['mean'])}** | {100 * c['std']:.1f} pts | "
+            f"{_pct(c['min'])} | {per_seed} | {_pct(c['wilson95'][0])}-{_pct(c['wilson95'][1])} ({c['episodes']}) |"
+        )
+    if pairs:
+        lines += ["", "| setting | better | worse | gap | p (Welch, seeds) | significant at 5% |", "| --- | --- | --- | --- | --- | --- |"]
+        for p in pairs:
+            pv = "n/a" if p["p_value"] is None else f"{p['p_value']:.3f}"
+            lines.append(f"| {p['setting']} | {p['better']} | {p['worse']} | {100 * p['gap']:+.0f} pts | {pv} | "
+                         f"{'yes' if p['significant'] else 'no'} |")  # fmt: skip
+    lines += ["", "![success per cell](success.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(study: Study, table: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(table)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(keys) + 1.5), 3.6))
+    for i, key in enumerate(keys):
+        c = table[key]
+        ax.bar(i, 100 * c["mean"], color="#9ecae1", edgecolor="#3182bd", width=0.6)
+        ax.errorbar(i, 100 * c["mean"], yerr=100 * c["std"], color="#08519c", capsize=6, lw=1.5)
+        ax.plot([i + 0.36] * 2, [100 * c["wilson95"][0], 100 * c["wilson95"][1]], color="#636363", lw=3)
+        ax.scatter([i] * len(c["rates"]), [100 * r for r in c["rates"]], color="black", s=14, zorder=3)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([t if len(study.settings) == 1 else f"{s}\n{t}" for s, t in keys], fontsize=8)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("success (%)")
+    ax.set_title(f"{study.name}: mean over seeds (bar), std (black), seeds (dots), Wilson 95% (grey)", fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_results(study: Study, runs: list[dict[str, Any]], out: Path, fingerprint: dict[str, Any] | None) -> dict:
+    """``runs.json``, ``table.md``, ``success.png`` under ``out``; returns what ``runs.json`` holds."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = cells(study, runs)
+    pairs = comparisons(study, table)
+    summary = {
+        "format": FORMAT,
+        "study": {k: v for k, v in dataclasses.asdict(study).items() if k != "path"},
+        "study_file": study.path,
+        "cells": [{"setting": s, "tokenizer": t, **c} for (s, t), c in table.items()],
+        "comparisons": pairs,
+        "runs": runs,
+        "provenance": provenance(config=dataclasses.asdict(study), fingerprint=fingerprint),
+    }
+    write_json(out / "runs.json", summary)
+    atomic_write_text(out / "table.md", markdown(study, table, pairs, runs))
+    if table:
+        plot(study, table, out / "success.png")
+    return summary
+
+
+def rewrite(results: Path) -> dict[str, Any]:
+    """The table and plot again from a ``runs.json`` (``vla study table DIR``)."""
+    summary = read_json(Path(results) / "runs.json", "study results")
+    study = Study(**summary["study"], path=summary.get("study_file"))
+    fingerprint = summary.get("provenance", {}).get("dataset")
+    return write_results(study, summary["runs"], Path(results), fingerprint)
