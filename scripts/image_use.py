@@ -21,6 +21,7 @@ import torch
 
 from vla.dataset import ActionChunkDataset
 from vla.io import atomic_write_text
+from vla.provenance import provenance
 from vla.pipeline import IMAGES, run
 from vla.policy import VLAPolicy
 
@@ -65,6 +66,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="a JSON file; several policies: run once per policy")
     args = p.parse_args()
     result = {"policy": str(args.policy), **measure(VLAPolicy.from_pretrained(args.policy).eval(), args.dataset)}
+    result["provenance"] = provenance(config={"policy": str(args.policy)}, dataset=args.dataset)
     atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -31,6 +31,7 @@ from vla import data
 from vla.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
 from vla.io import atomic_write_text
 from vla.names import check_name
+from vla.provenance import provenance
 
 # The comparison's default entries: every registered tokenizer, plus FAST with the published byte-level BPE.
 DEFAULT_TOKENIZERS = ("fast", "fast:byte_level=true", *(n for n in at.TOKENIZERS if n != "fast"))
@@ -286,6 +287,9 @@ def compare(
         }  # fmt: skip
     if do_sweep:
         results["sweep"] = sweep(split, entries, fit_options, log)
+    settings = dict(tokenizers=[e.label for e in entries], time_horizon=t, heldout=heldout, sweep=do_sweep,
+                    tolerance=tolerance, n_random=n_random, seed=seed, fit_options=fit_options)
+    results["provenance"] = provenance(config=settings, dataset=root)
     write_outputs(results, out_dir)
     log(markdown_table(results))
     return results

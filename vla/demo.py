@@ -18,6 +18,7 @@ few steps, a few episodes): a smoke test, not a result.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 from vla import evaluate, train
 from vla.config import load_config
 from vla.io import atomic_write_text
+from vla.provenance import provenance
 from vla.sim import record
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -123,6 +125,8 @@ def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
         "time_horizon": policy.time_horizon,
         "n_action_steps": policy.n_action_steps,
         "tokenizers": rows,
+        "provenance": provenance(config=json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
+                                 dataset=cfg.dataset_root),
     }
     write_outputs(result, cfg.out_dir)
     log(markdown(result))

@@ -21,6 +21,7 @@ from typing import Any
 import action_tokenizers as at
 from vla.compare import load_split, measure, parse_entry, sweep, write_outputs
 from vla.io import atomic_directory
+from vla.provenance import provenance
 
 NORMALIZER_FILE = "action_normalizer.json"  # beside the tokenizer's own files
 
@@ -57,6 +58,8 @@ def fit_tokenizer(
     }  # fmt: skip
     if do_sweep:
         report["sweep"] = sweep(split, [entry], {}, log)
+    report["provenance"] = provenance(config=dict(tokenizer=spec, time_horizon=time_horizon, heldout=heldout,
+                                                  sweep=do_sweep, seed=seed), dataset=root)  # fmt: skip
     with atomic_directory(out_dir) as tmp:
         tok.save_pretrained(tmp / "tokenizer")
         for path in (tmp / "tokenizer").iterdir():  # the tokenizer's files at the top of the folder

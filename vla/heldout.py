@@ -245,6 +245,13 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    if "provenance" not in report:  # what produced it: the run's config (beside the report) and its dataset
+        from vla.provenance import provenance
+
+        config_file = out_dir / "train_config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else None
+        root = report.get("dataset")
+        report = {**report, "provenance": provenance(config=config, dataset=root if root and Path(root).is_dir() else None)}
     atomic_write_text(out_dir / f"{REPORT}.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out_dir / f"{REPORT}.md", markdown(report))
     rows = {"policy": report["policy"], **{k: v for k, v in report["baselines"].items() if v is not None}}

@@ -1,0 +1,56 @@
+"""Every results file says what produced it; the fingerprint tells datasets apart."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vla.provenance import REQUIRED, check, dataset_fingerprint, provenance
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+UNTRACED = RESULTS / "UNTRACED.txt"
+
+
+def test_the_block_names_code_data_settings_and_numerics(tiny_dataset_root):
+    block = provenance(config={"steps": 3}, dataset=tiny_dataset_root, seed=7)
+    assert all(key in block for key in REQUIRED) and block["config"] == {"steps": 3} and block["seed"] == 7
+    assert block["threads"] >= 1 and "torch" in block["packages"] and "numpy" in block["packages"]
+    assert block["dataset"]["files"] > 0 and check({"provenance": block}) == []
+    assert check({"success_rate": 1.0}) == ["no 'provenance' block"]
+    assert check({"provenance": {"commit": "abc"}})[0] == "provenance lacks 'format'"
+
+
+def test_the_fingerprint_changes_with_any_file(tiny_dataset_root, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dataset_root, copy)
+    assert dataset_fingerprint(copy)["sha256"] == dataset_fingerprint(tiny_dataset_root)["sha256"]
+    info = copy / "meta" / "info.json"
+    info.write_text(info.read_text().replace('"fps"', '"fps" ', 1))
+    assert dataset_fingerprint(copy)["sha256"] != dataset_fingerprint(tiny_dataset_root)["sha256"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        dataset_fingerprint(tmp_path / "nowhere")
+
+
+def _committed_results() -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files", "*.json"], cwd=RESULTS, capture_output=True, text=True, check=True)
+        return [RESULTS / line for line in out.stdout.split()]
+    except (OSError, subprocess.CalledProcessError):  # not a checkout: every file there
+        return sorted(RESULTS.rglob("*.json"))
+
+
+def test_committed_results_say_what_produced_them():
+    untraced = {line.strip() for line in UNTRACED.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    lacking = {}
+    for path in _committed_results():
+        name = path.relative_to(RESULTS).as_posix()
+        problems = check(json.loads(path.read_text()))
+        if problems and name not in untraced:
+            lacking[name] = problems
+        if not problems and name in untraced:
+            lacking[name] = ["has provenance now: remove it from results/UNTRACED.txt"]
+    assert not lacking, f"results files without a complete provenance block: {lacking}"
+    missing = sorted(n for n in untraced if not (RESULTS / n).is_file())
+    assert not missing, f"results/UNTRACED.txt lists files that are gone (remove the lines): {missing}"
