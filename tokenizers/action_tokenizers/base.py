@@ -210,12 +210,17 @@ def as_id_rows(ids: Any) -> list[np.ndarray]:
             continue
         if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or _all_integral(arr)):
             raise ValueError(f"ids[{i}] must be a flat sequence of integers, got {arr.dtype} of shape {arr.shape}")
+        if arr.dtype.kind == "f":  # clipped before the cast, so 1e30 stays out of the vocabulary (never wraps)
+            arr = np.clip(arr, INT64_FLOAT_RANGE[0], INT64_FLOAT_RANGE[1])
         rows.append(arr.astype(np.int64))
     return rows
 
 
+INT64_FLOAT_RANGE = (-(2.0**63), 2.0**63 - 1024)  # the floats that cast to int64 exactly (2**63 - 1024: the last below)
+
+
 def _all_integral(arr: np.ndarray) -> bool:
-    return np.issubdtype(arr.dtype, np.floating) and bool(np.all(np.mod(arr, 1) == 0))
+    return np.issubdtype(arr.dtype, np.floating) and bool(np.isfinite(arr).all()) and bool(np.all(np.mod(arr, 1) == 0))
 
 
 def check_mode(mode: str) -> None:

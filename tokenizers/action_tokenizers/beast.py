@@ -20,7 +20,9 @@ starts at its first and ends at its last control point, so decoded chunks are sm
 Round trip: a chunk inside the spline space (``B @ c`` with ``c`` in [-bound, bound]) comes back within
 ``bound / n_bins + max|encoder @ B - I|`` per value (half a bin per control point; the basis rows are non-negative
 and sum to 1; the second term is the ridge's bias, ~1e-5 by default). Other chunks are projected onto the space.
-Failure mode: a sequence of the wrong length or with an id >= n_bins is invalid.
+Control points outside ``[-bound, bound]`` are clipped to the edge bins, on the floats before the cast to ids, and
+counted (a huge value clips, never wraps). Failure mode: a sequence of the wrong length or with an id >= n_bins is
+invalid.
 """
 
 from __future__ import annotations
@@ -157,13 +159,25 @@ class BEASTTokenizer(ActionTokenizer):
         return self.bound * (-1.0 + (np.arange(self.n_bins) + 0.5) * (2.0 / self.n_bins))
 
     def control_points(self, chunks: np.ndarray) -> np.ndarray:
-        """``[B, N, D]`` fitted control points, before clipping and quantisation."""
+        """``[B, N, D]`` fitted control points, before clipping and quantisation.
+
+        Never NaN: a chunk whose fit overflows (values near the float limit) is fitted scaled down by a power of two
+        (exact) and scaled back, so an out-of-range control point is +-inf with its sign, and clips to the edge bin.
+        """
         arr = as_chunk_batch(chunks, time_horizon=self.time_horizon, action_dim=self.action_dim)
-        return np.einsum("nt,btd->bnd", self.encoder, arr)
+        with np.errstate(over="ignore", invalid="ignore"):
+            cp = np.einsum("nt,btd->bnd", self.encoder, arr)
+        bad = ~np.isfinite(cp).all(axis=(1, 2))
+        if bad.any():
+            s = np.ldexp(1.0, np.frexp(np.abs(arr[bad]).max(axis=(1, 2)))[1] - 1)[:, None, None]  # [R, 1, 1]
+            with np.errstate(over="ignore"):
+                cp[bad] = np.einsum("nt,btd->bnd", self.encoder, arr[bad] / s) * s
+        return cp
 
     def encode(self, chunks: np.ndarray) -> list[list[int]]:
         cp = self.control_points(chunks)  # [B, N, D]
-        u = cp / self.bound  # [-1, 1] inside the range
+        with np.errstate(over="ignore"):
+            u = cp / self.bound  # [-1, 1] inside the range; +-inf beyond the float range, clipped like the rest
         outside = (u < -1.0) | (u > 1.0)
         self.encode_stats.chunks += len(cp)
         self.encode_stats.values += cp.size

@@ -1,7 +1,8 @@
 """FAST's coefficient layer: the DCT over time, quantisation, the coefficient order, ints <-> strings, and flat ids
 -> rows.
 
-    chunk [B, T, D] --dct--> coef --quantize(scale, deadzone)--> q ints [B, T, D] --flatten(order)--> [B, T * D]
+    chunk [B, T, D] --dct--> coef --quantize(scale, deadzone)--> q [B, T, D] (integer-valued floats)
+      --flatten(order)--> [B, T * D] --to_symbols(clip, then cast)--> ints
 """
 
 from __future__ import annotations
@@ -27,12 +28,30 @@ def idct(coef: np.ndarray) -> np.ndarray:
 
 
 def quantize(coef: np.ndarray, scale: float, deadzone: float = 0.0) -> np.ndarray:
-    """``round(coef * scale)`` (half to even, like the reference), with values below ``0.5 + deadzone`` set to 0."""
+    """``round(coef * scale)`` (half to even, like the reference), with values below ``0.5 + deadzone`` set to 0.
+
+    Returns integer-valued *floats*: casting is ``to_symbols``' job, after the clip (a cast first would wrap values
+    beyond int64's range).
+    """
     x = coef * scale
     q = np.rint(x)  # = np.around(x): half to even
     if deadzone:
         q[np.abs(x, out=x) < 0.5 + deadzone] = 0.0
-    return q.astype(np.int64)
+    return q
+
+
+def to_symbols(q: np.ndarray, offset: int, top: int) -> tuple[np.ndarray, int]:
+    """Rounded coefficients (integer-valued floats) -> symbols ``q - offset`` as int64 clipped to ``[0, top]``, and
+    how many were outside. The clip is done on the floats, before the cast, so a huge value becomes the extreme
+    symbol and is counted, never wrapped."""
+    low, high = offset, offset + top
+    outside = 0
+    if q.size and (q.min() < low or q.max() > high):
+        outside = int(np.count_nonzero((q < low) | (q > high)))
+        q = np.clip(q, low, high)
+    symbols = q.astype(np.int64)
+    symbols -= offset
+    return symbols, outside
 
 
 def scale_for_rmse(coef: np.ndarray, target_rmse: float, deadzone: float = 0.0) -> float:

@@ -23,7 +23,10 @@ Two BPE flavours:
 
 Round trip: with nothing clipped, ``||x - decode(encode(x))||_2 <= (0.5 + deadzone) * sqrt(T * D) / scale`` per
 chunk (quantisation error at most 0.5 + deadzone per coefficient; the orthonormal DCT preserves the 2-norm).
-Coefficients outside the fitted range ``[min_token, min_token + n_symbols)`` are clipped to it and counted.
+Coefficients outside the fitted range ``[min_token, min_token + n_symbols)`` are clipped to it and counted. The clip
+is done on the floats, before any cast to integers, and values far outside (beyond ``value_limit(T)``, where a
+coefficient of theirs is out of range anyway) are first limited to it, so that the DCT can neither overflow nor
+spread its rounding noise over the other coefficients: a huge value decodes to the extreme of its sign, counted.
 Failure mode: an id sequence that does not spell exactly ``T * D`` coefficients (or, byte-level, malformed
 UTF-8) is invalid; ``constraint(...)`` makes that impossible during generation.
 """
@@ -62,6 +65,7 @@ from .coefficients import (
     scale_for_rmse,
     split_rows,
     string_to_ints,
+    to_symbols,
     unflatten,
 )
 from .constraint import Constraint, LengthConstraint
@@ -71,6 +75,8 @@ from .utf8 import REPLACEMENT, UNICODE_TO_BYTE, ByteDecoder, ByteTables, Utf8Con
 
 BPE_FILE = "bpe.json"
 DEFAULT_DEADZONE = 0.2  # measured on real data: see results/rate_distortion/
+BYTE_LEVEL_TOP = 0x10FFFF  # byte-level symbols are code points: the largest there is
+SURROGATES = (0xD800, 0xDFFF)  # code points no string can hold; a byte-level symbol there becomes 0xD7FF
 
 
 ORDERS = ("dimension", "frequency")
@@ -171,9 +177,20 @@ class FASTTokenizer(ActionTokenizer):
         coef = dct(arr)
         if target_rmse is not None:
             scale = scale_for_rmse(coef, target_rmse, deadzone)
-        q = quantize(coef, scale, deadzone)
+        q = quantize(coef, scale, deadzone)  # integer-valued floats: checked before any cast
+        if not np.isfinite(q).all():
+            raise ValueError(
+                f"the DCT coefficients of the chunks overflow (values up to {np.abs(arr).max():.3g}); check that the "
+                "chunks are normalised"
+            )
         min_token, max_token = int(q.min()), int(q.max())
         n_symbols = max_token - min_token + 1
+        if n_symbols > SURROGATES[0]:  # symbols are code points, and those from 0xD800 on cannot all be in a string
+            raise ValueError(
+                f"the rounded DCT coefficients span {n_symbols} values ({min_token}..{max_token}), more than the "
+                f"{SURROGATES[0]} a FAST alphabet can hold; lower scale (now {scale}) and check that the chunks are "
+                "normalised"
+            )
         if vocab_size is None:
             vocab_size = max(1024, int(2 ** math.ceil(math.log2(n_symbols + 256))))
         # The reference allows max - min == vocab_size; character-level needs one id per symbol.
@@ -184,7 +201,7 @@ class FASTTokenizer(ActionTokenizer):
                 f"is {vocab_size}; raise vocab_size to at least {n_symbols} (or pass None), lower scale (now "
                 f"{scale}), and check that the chunks are normalised"
             )
-        strings = ints_to_strings(flatten(q - min_token, order))
+        strings = ints_to_strings(flatten((q - min_token).astype(np.int64), order))
         trainer = bpe_trainer(vocab_size, n_symbols, show_progress)
         if byte_level:
             # The reference trains the inner tokenizer of a ByteLevelBPETokenizer with this trainer.
@@ -209,30 +226,51 @@ class FASTTokenizer(ActionTokenizer):
         return self.bpe.get_vocab_size()
 
     # --- encoding ------------------------------------------------------------------------------------------
-    def coefficients(self, chunks: np.ndarray) -> np.ndarray:
-        """Quantised, scaled DCT coefficients ``[B, T, D]`` (ints), before clipping."""
+    @property
+    def top_symbol(self) -> int:
+        """Symbols are clipped to ``[0, top_symbol]``: the fitted alphabet, or (byte-level) any code point."""
+        return BYTE_LEVEL_TOP if self.byte_level else self.n_symbols - 1
+
+    def value_limit(self, time_horizon: int) -> float:
+        """Chunk values are limited to +-this before the DCT. A value beyond it puts a coefficient of its dimension
+        out of range anyway (the orthonormal DCT keeps each dimension's 2-norm), so the chunk is clipped and counted
+        either way; limiting it first keeps the DCT finite and its rounding noise (relative to the largest value)
+        far below one quantisation step, so that only the coefficients the value reaches are clipped."""
+        reach = max(abs(self.min_token), abs(self.min_token + self.top_symbol)) + 1  # |rounded coef| that clips
+        return math.sqrt(time_horizon) * reach / self.scale
+
+    def _rounded(self, chunks: np.ndarray) -> np.ndarray:
+        """Rounded, scaled DCT coefficients ``[B, T, D]`` as integer-valued floats, not yet clipped."""
         arr = as_chunk_batch(chunks, time_horizon=self.time_horizon, action_dim=self.action_dim)
+        limit = self.value_limit(arr.shape[1])
+        if max(-arr.min(), arr.max()) > limit:
+            arr = np.clip(arr, -limit, limit)
         return quantize(dct(arr), self.scale, self.deadzone)
 
+    def coefficients(self, chunks: np.ndarray) -> np.ndarray:
+        """Quantised, scaled DCT coefficients ``[B, T, D]`` (ints), before clipping to the fitted range (values beyond
+        ``value_limit`` are limited first, so nothing overflows)."""
+        return self._rounded(chunks).astype(np.int64)
+
     def encode(self, chunks: np.ndarray) -> list[list[int]]:
-        symbols = flatten(self.coefficients(chunks) - self.min_token, self.order)  # [B, T * D]
         # Character-level clips to the fitted alphabet. Byte-level clips below only, like the reference: a value
-        # above the fitted range goes through as its code point (and may be dropped by the BPE: counted below).
+        # above the fitted range goes through as its code point (and may be dropped by the BPE: counted below), up to
+        # the largest code point; one on a UTF-16 surrogate (where the reference fails too) becomes 0xD7FF, counted.
+        symbols, clipped = to_symbols(flatten(self._rounded(chunks), self.order), self.min_token, self.top_symbol)
+        if self.byte_level and symbols.size and symbols.max() >= SURROGATES[0]:
+            surrogate = (symbols >= SURROGATES[0]) & (symbols <= SURROGATES[1])
+            clipped += int(surrogate.sum())
+            symbols[surrogate] = SURROGATES[0] - 1
         self.encode_stats.chunks += len(symbols)
         self.encode_stats.values += symbols.size
-        low, high = (int(symbols.min()), int(symbols.max())) if symbols.size else (0, 0)
-        inside = low >= 0 and (self.byte_level or high < self.n_symbols)  # the common case: nothing to clip
-        if not inside:
-            clipped = (symbols < 0) if self.byte_level else (symbols < 0) | (symbols >= self.n_symbols)
-            self.encode_stats.clipped += int(clipped.sum())
+        self.encode_stats.clipped += clipped
         if self.byte_level:
-            symbols = symbols if inside else np.maximum(symbols, 0)
             self._count_drops(symbols)
             if self._byte_encoder is not None:  # the same ids as the BPE's own batch encode, several times faster
                 return self._byte_encoder.encode(symbols)
             return [e.ids for e in self.bpe.encode_batch_fast(ints_to_strings(symbols), add_special_tokens=False)]
         # Character-level: the longest vocabulary entry at each position (fewer ids than replaying the merges).
-        ids, counts = self._trie.segment(symbols if inside else np.clip(symbols, 0, self.n_symbols - 1))
+        ids, counts = self._trie.segment(symbols)
         return split_rows(ids, counts)
 
     @cached_property
@@ -247,8 +285,9 @@ class FASTTokenizer(ActionTokenizer):
         # The BPE model silently skips a byte whose stand-in character is not in its vocabulary.
         inside = symbols < self.n_symbols
         dropped = int(self._droppable[symbols[inside]].sum()) if self._droppable.any() else 0
-        if not inside.all():
-            dropped += sum(self._drops(int(s)) for s in np.unique(symbols[~inside]))
+        if not inside.all():  # each occurrence counts, not each distinct value
+            values, times = np.unique(symbols[~inside], return_counts=True)
+            dropped += sum(int(n) for s, n in zip(values.tolist(), times) if self._drops(s))
         if dropped:
             self.encode_stats.dropped += dropped
             warnings.warn(

@@ -10,6 +10,7 @@ rounded channels (``vector_quantize_pytorch.FSQ``).
 
 Round trip: lossy, learned; ``fit`` reports the reconstruction error it reaches. Every sequence of exactly K
 in-range ids decodes (the decoder is total), so the only failure mode is a wrong length or an out-of-range id.
+Values beyond ``+-VALUE_LIMIT`` are clipped to it before encoding and counted in ``encode_stats.clipped``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ from .constraint import Constraint, fixed_length
 
 WEIGHTS_FILE = "model.safetensors"
 DEFAULT_LEVELS = (8, 5, 5, 5)  # 2^10 codes, the paper's recommendation and QueST/OAT's choice for actions
+# Normalised values beyond +-this are clipped (and counted) before encoding: far outside any data the model is fitted
+# on, where the encoder's bounded bottleneck is saturated, and small enough that float32 and the convolutions stay
+# finite (a value of 1e39 would be inf in float32, and inf - inf makes the codes NaN).
+VALUE_LIMIT = 1e4
 
 
 class ChunkAutoencoder(nn.Module):
@@ -213,6 +218,10 @@ class FSQTokenizer(ActionTokenizer):
         arr = as_chunk_batch(chunks, time_horizon=self.time_horizon, action_dim=self.action_dim)
         self.encode_stats.chunks += len(arr)
         self.encode_stats.values += arr.size
+        outside = int(np.count_nonzero(np.abs(arr) > VALUE_LIMIT))
+        if outside:  # clipped before the float32 cast, which would make them inf (and the codes NaN)
+            self.encode_stats.clipped += outside
+            arr = np.clip(arr, -VALUE_LIMIT, VALUE_LIMIT)
         out = []
         with torch.inference_mode():
             for start in range(0, len(arr), 4096):
