@@ -1,0 +1,307 @@
+"""Every ``vla ...`` command in a code block of README.md and docs/*.md parses against the real command line, without
+running anything.
+
+* argparse sub-commands: ``vla.cli.build_parser(argv).parse_known_args(argv)`` must not exit and must leave nothing
+  unrecognised; abbreviated flags are refused too (``--num-beam`` for ``--num-beams``), so a doc spells every flag out.
+* ``vla train`` (draccus): ``vla.config.load_config(args=...)``, which reads the ``--config_path`` file (it must
+  exist) but not the dataset.
+* A usage synopsis (a line with ``[--flag]``, ``a|b`` or ``...``) cannot be parsed as it stands: every ``--flag`` it
+  names must be an option of its sub-command instead (``vla train`` synopses are not checked).
+
+Commands are read from fenced blocks and indented blocks; ``\\`` continues a line, ``#`` starts a comment, and a
+line may set environment variables first (``OMP_NUM_THREADS=1 vla ...``) or run ``-m vla.cli`` (``accelerate launch
+... -m vla.cli train ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^\s*(```|~~~)")
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.-]*")
+HELP = {"-h", "--help"}
+
+
+@dataclass(frozen=True)
+class Command:
+    page: str
+    line: int  # 1-based line of the command's first physical line
+    text: str  # the logical line, continuations joined, comment removed
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}: {self.text}"
+
+
+# --- reading commands out of Markdown ----------------------------------------------------------------------------
+def code_lines(markdown: str) -> list[tuple[int, str]]:
+    """(line number, text) of every line inside a fenced block or an indented block (4 spaces or a tab, after a
+    blank line), in order; blank lines inside blocks are kept as block separators."""
+    out: list[tuple[int, str]] = []
+    fenced = False
+    indented = False
+    previous_blank = True
+    for number, line in enumerate(markdown.splitlines(), start=1):
+        if FENCE.match(line):
+            fenced = not fenced
+            out.append((number, ""))  # a fence ends any continuation
+            previous_blank = False
+            continue
+        blank = not line.strip()
+        if fenced:
+            out.append((number, line))
+        elif blank:
+            if indented:
+                out.append((number, ""))
+        elif line.startswith(("    ", "\t")) and (previous_blank or indented):
+            indented = True
+            out.append((number, line))
+        else:
+            indented = False
+        previous_blank = blank
+    return out
+
+
+def strip_comment(line: str) -> str:
+    """``line`` up to an unquoted ``#`` that starts a word, as the shell reads it."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def logical_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Join lines ending in a backslash with the next one; comments are removed first (a comment after ``\\`` would
+    not continue in the shell either)."""
+    out: list[tuple[int, str]] = []
+    start, parts = None, []
+    for number, raw in lines:
+        text = strip_comment(raw).rstrip()
+        if start is None:
+            start = number
+        if text.endswith("\\"):
+            parts.append(text[:-1])
+            continue
+        parts.append(text)
+        joined = " ".join(p.strip() for p in parts).strip()
+        if joined:
+            out.append((start, joined))
+        start, parts = None, []
+    if parts and " ".join(parts).strip():
+        out.append((start, " ".join(p.strip() for p in parts).strip()))
+    return out
+
+
+VLA_LINE = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:\S*/)?vla\s|\s-m\s+vla\.cli(?:\s|$)")
+
+
+def vla_argv(text: str) -> list[str] | None:
+    """The arguments after ``vla`` (or ``-m vla.cli``) in one shell command, or None when it runs something else.
+    A ``vla`` line the shell could not split (an unbalanced quote) raises ``ValueError``."""
+    if not VLA_LINE.search(text + " "):
+        return None
+    tokens = shlex.split(text)
+    while tokens and ENV_ASSIGNMENT.match(tokens[0]):
+        tokens = tokens[1:]
+    if not tokens:
+        return None
+    if tokens[0] == "vla" or tokens[0].endswith("/vla"):
+        return tokens[1:]
+    for i in range(len(tokens) - 1):
+        if tokens[i] == "-m" and tokens[i + 1] == "vla.cli":
+            return tokens[i + 2 :]
+    return None
+
+
+def commands_in(text: str, page: str) -> list[Command]:
+    out = []
+    for number, line in logical_lines(code_lines(text)):
+        for segment in re.split(r"\s(?:&&|\|\||;)\s", line):  # `cd x && vla ...`
+            if VLA_LINE.search(segment.strip() + " "):
+                out.append(Command(page, number, segment.strip()))
+    return out
+
+
+def all_commands() -> list[Command]:
+    out = []
+    for path in PAGES:
+        out.extend(commands_in(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))))
+    return out
+
+
+# --- checking one command against the real parsers --------------------------------------------------------------
+def is_synopsis(text: str) -> bool:
+    return "[" in text or "|" in text or "..." in text
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _no_abbreviations(sub)
+
+
+def _parser_of(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The deepest sub-parser ``argv``'s leading words name, and those words."""
+    from vla.cli import build_parser
+
+    parser = build_parser(argv)
+    path = []
+    for word in (a for a in argv if not a.startswith("-")):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        parser = subs[0].choices[word]
+        path.append(word)
+    return parser, path
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+def problem(text: str) -> str | None:
+    """Why the ``vla`` command line ``text`` would not parse, or None when it does."""
+    try:
+        argv = vla_argv(text)
+    except ValueError as err:  # shlex: an unbalanced quote
+        return f"the shell cannot split it: {err}"
+    if argv is None:
+        return "not a vla command"
+    words = [a for a in argv if a != "--debug"]
+    if not words:
+        return "no sub-command"
+    from vla.cli import COMMANDS
+
+    if words[0] not in COMMANDS:
+        return f"no sub-command {words[0]!r} (vla has {', '.join(COMMANDS)})"
+    if words[0] == "train":
+        if is_synopsis(text) or HELP & set(words):
+            return None
+        return _train_problem(words[1:])
+    parser, path = _parser_of(argv)
+    if is_synopsis(text) or HELP & set(words):
+        known = _options(parser) | {"--debug"}
+        unknown = sorted({f for f in FLAG.findall(text) if f not in known})
+        return f"{' '.join(path)} has no option {', '.join(unknown)}" if unknown else None
+    from vla.cli import build_parser
+
+    parser = build_parser(argv)
+    _no_abbreviations(parser)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            args, extra = parser.parse_known_args(argv)
+    except SystemExit:
+        return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argparse exited"
+    if extra:
+        return f"unrecognised arguments: {' '.join(extra)}"
+    if args.command is None:
+        return "no sub-command"
+    return None
+
+
+def _train_problem(args: list[str]) -> str | None:
+    from vla.config import load_config
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            load_config(args=args)
+    except SystemExit:  # draccus' argparse: unknown or malformed flags
+        lines = err.getvalue().strip().splitlines()
+        return lines[-1] if lines else "draccus exited"
+    except ValueError as error:  # our own check (missing config file, a bad value)
+        return str(error)
+    return None
+
+
+# --- tests -------------------------------------------------------------------------------------------------------
+COMMANDS = all_commands()
+
+
+@pytest.fixture(autouse=True)
+def _at_the_repository_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # commands name configs/... relative to the repository root
+
+
+def test_the_pages_hold_commands():
+    """The reader finds commands at all (README.md alone has dozens), so an empty parametrisation cannot pass."""
+    assert sum(c.page == "README.md" for c in COMMANDS) >= 10
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: f"{c.page}:{c.line}")
+def test_every_documented_command_parses(command):
+    assert problem(command.text) is None, f"{command}\n  -> {problem(command.text)}"
+
+
+def test_the_reader_joins_continuations_and_drops_comments():
+    page = (
+        "Text.\n\n"
+        "```bash\n"
+        "# a comment line, then a command over two lines\n"
+        "OMP_NUM_THREADS=1 vla eval --policy outputs/train/fast/policy \\\n"
+        "    --episodes 5   # five episodes\n"
+        "accelerate launch --num_processes 2 -m vla.cli train --config_path configs/debug.yaml\n"
+        "make test\n"
+        "```\n\n"
+        "    vla data info outputs/datasets/metaworld_push-v3\n"
+        "prose that mentions vla eval --policy nowhere\n"
+    )
+    found = [c.text for c in commands_in(page, "page.md")]
+    assert found == [
+        "OMP_NUM_THREADS=1 vla eval --policy outputs/train/fast/policy --episodes 5",
+        "accelerate launch --num_processes 2 -m vla.cli train --config_path configs/debug.yaml",
+        "vla data info outputs/datasets/metaworld_push-v3",
+    ]
+    assert [c.line for c in commands_in(page, "page.md")] == [5, 7, 11]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "vla eval --policy outputs/train/fast/policy --episodes 5",
+        "vla data record --task mt10 --episodes 2 --root outputs/datasets/x",
+        "vla study run configs/studies/push_pixels.yaml --dry-run",
+        "vla train --config_path configs/aloha.yaml --tokenizer.type=beast --steps 8000",
+        "vla compare --root DATASET --out DIR [--sweep] [--time-horizon T]",
+    ],
+)
+def test_the_checker_passes_good_lines(line):
+    assert problem(line) is None
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("vla eval --policy outputs/train/fast/policy --num-beems 4", "--num-beems"),
+        ("vla eval --policy outputs/train/fast/policy --num-beam 4", "--num-beam"),  # an abbreviation
+        ("vla eval --episodes 5", "--policy"),  # a required option missing
+        ("vla evaluate --policy outputs/train/fast/policy", "evaluate"),
+        ("vla data recrod --episodes 5", "recrod"),
+        ("vla train --config_path configs/fast.yaml --stepz=3", "--stepz"),
+        ("vla train --config_path configs/no_such_file.yaml", "no_such_file"),
+        ("vla train --config_path configs/fast.yaml --policy.num_beam=2", "num_beam"),
+        ("vla compare --root DATASET --out DIR [--sweeep]", "--sweeep"),  # a synopsis with a misspelled flag
+    ],
+)
+def test_the_checker_fails_a_misspelled_line(line, message):
+    why = problem(line)
+    assert why is not None and message in why, why
