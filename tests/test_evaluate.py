@@ -122,3 +122,21 @@ def test_camera_policy_from_proprioception_records_trains_and_evaluates(tmp_path
 
     with Image.open(tmp_path / "eval" / "rollouts.gif") as gif:  # rendered at the recording's 48 px, as in training
         assert gif.size == (48, 48) and gif.n_frames >= 2
+
+
+def test_the_demo_finds_its_configs_in_a_checkout_and_in_an_installed_wheel(tmp_path):
+    import shutil
+    import tomllib
+    from pathlib import Path
+
+    from vla.demo import configs_dir
+
+    repo = Path(__file__).resolve().parent.parent
+    assert configs_dir() == repo / "configs"
+    wheel = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert wheel["force-include"]["configs"] == "vla/configs"  # the wheel carries them there
+    installed = tmp_path / "site-packages" / "vla"
+    shutil.copytree(repo / "configs", installed / "configs")
+    assert configs_dir(installed) == installed / "configs"
+    with pytest.raises(FileNotFoundError, match="reinstall"):
+        configs_dir(tmp_path / "elsewhere" / "vla")

@@ -31,7 +31,18 @@ from vla.io import atomic_write_text
 from vla.provenance import provenance
 from vla.sim import record
 
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+def configs_dir(here: Path | None = None) -> Path:
+    """The experiment files: the checkout's ``configs/``, or the copy an installed wheel carries (``vla/configs``);
+    ``here`` is the ``vla`` package's folder."""
+    here = here or Path(__file__).resolve().parent
+    for candidate in (here.parent / "configs", here / "configs"):
+        if (candidate / "fast.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"no configs/ beside {here} nor inside it; reinstall the package (pip install "
+                            "vla-action-tokenizers) or run from a checkout")  # fmt: skip
+
+
+CONFIGS_DIR = configs_dir()
 
 
 DEMO_TASKS = "metaworld/push-v3,drawer-open-v3,drawer-close-v3,window-open-v3,window-close-v3"
