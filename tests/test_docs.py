@@ -1,5 +1,6 @@
-"""Every ``vla ...`` command in a code block of README.md and docs/*.md parses against the real command line, without
-running anything.
+"""Every ``vla ...`` command in a code block of README.md, docs/*.md and results/*/README.md parses against the real
+command line, without running anything; the docs' relative links lead somewhere; every results folder whose files
+are untraced has a README that says so.
 
 * argparse sub-commands: ``vla.cli.build_parser(argv).parse_known_args(argv)`` must not exit and must leave nothing
   unrecognised; abbreviated flags are refused too (``--num-beam`` for ``--num-beams``), so a doc spells every flag out.
@@ -26,7 +27,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RESULTS = ROOT / "results"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.rglob("README.md"))]
 FENCE = re.compile(r"^\s*(```|~~~)")
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -147,7 +149,13 @@ def all_commands() -> list[Command]:
 
 # --- checking one command against the real parsers --------------------------------------------------------------
 def is_synopsis(text: str) -> bool:
-    return "[" in text or "|" in text or "..." in text
+    """A usage line: an optional part (``[--sweep]``), alternatives (``fast|bin``) or an ellipsis. A value such as
+    ``--policy.image_keys=[observation.images.top]`` (a draccus list) does not make a synopsis."""
+    try:
+        tokens = shlex.split(text)
+    except ValueError:
+        return False
+    return any(t.startswith("[") or "|" in t or "..." in t for t in tokens)
 
 
 def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
@@ -282,6 +290,7 @@ def test_the_reader_joins_continuations_and_drops_comments():
         "vla study run configs/studies/push_pixels.yaml --dry-run",
         "vla train --config_path configs/aloha.yaml --tokenizer.type=beast --steps 8000",
         "vla compare --root DATASET --out DIR [--sweep] [--time-horizon T]",
+        "vla train --config_path configs/images.yaml '--policy.image_keys=[observation.images.workspace]'",
     ],
 )
 def test_the_checker_passes_good_lines(line):
@@ -300,8 +309,70 @@ def test_the_checker_passes_good_lines(line):
         ("vla train --config_path configs/no_such_file.yaml", "no_such_file"),
         ("vla train --config_path configs/fast.yaml --policy.num_beam=2", "num_beam"),
         ("vla compare --root DATASET --out DIR [--sweeep]", "--sweeep"),  # a synopsis with a misspelled flag
+        ("vla train --config_path configs/images.yaml '--policy.image_key=[observation.images.top]'", "image_key"),
     ],
 )
 def test_the_checker_fails_a_misspelled_line(line, message):
     why = problem(line)
     assert why is not None and message in why, why
+
+
+# --- links, and what the results READMEs say --------------------------------------------------------------------
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(line.lstrip("#")) for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#")}
+
+
+DOC_PAGES = [p for p in PAGES if p != ROOT / "README.md"]
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_lead_to_files_and_headings(page):
+    broken = []
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
+        if re.match(r"^[a-z]+:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        if not dest.exists():
+            broken.append(f"{target} (no {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest})")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target} (no heading #{anchor})")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_slugs_follow_github():
+    assert slug("Fit one tokenizer: `vla tokenizer fit`") == "fit-one-tokenizer-vla-tokenizer-fit"
+    assert slug("ALOHA sim, two arms at 50 Hz") == "aloha-sim-two-arms-at-50-hz"
+
+
+def _untraced() -> set[Path]:
+    lines = (RESULTS / "UNTRACED.txt").read_text().splitlines()
+    return {RESULTS / line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def test_every_folder_of_untraced_results_has_a_readme_that_says_so():
+    """A study folder (or one above it, below results/) holds a README.md that names results/UNTRACED.txt while any
+    file below it is listed there."""
+    missing = []
+    for folder in sorted({f.parent for f in _untraced()} - {RESULTS}):
+        readmes = [d / "README.md" for d in (folder, *folder.parents) if d != RESULTS and d.is_relative_to(RESULTS)]
+        if not any(r.is_file() and "UNTRACED.txt" in r.read_text(encoding="utf-8") for r in readmes):
+            missing.append(str(folder.relative_to(ROOT)))
+    assert not missing, f"no README.md saying its numbers are untraced in: {', '.join(missing)}"
+
+
+def test_a_readme_that_says_untraced_has_untraced_files():
+    """Once a study is re-measured with provenance (its files leave UNTRACED.txt), its README must stop saying so."""
+    untraced = _untraced()
+    stale = [str(r.relative_to(ROOT)) for r in RESULTS.rglob("README.md")
+             if "UNTRACED.txt" in r.read_text(encoding="utf-8") and not any(f.is_relative_to(r.parent) for f in untraced)]  # fmt: skip
+    assert not stale, f"these READMEs call their numbers untraced, but UNTRACED.txt lists none of their files: {stale}"
