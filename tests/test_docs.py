@@ -376,3 +376,18 @@ def test_a_readme_that_says_untraced_has_untraced_files():
     stale = [str(r.relative_to(ROOT)) for r in RESULTS.rglob("README.md")
              if "UNTRACED.txt" in r.read_text(encoding="utf-8") and not any(f.is_relative_to(r.parent) for f in untraced)]  # fmt: skip
     assert not stale, f"these READMEs call their numbers untraced, but UNTRACED.txt lists none of their files: {stale}"
+
+
+def test_the_library_example_on_the_tokenizers_page_runs(tmp_path, monkeypatch):
+    """The ``python`` block of docs/tokenizers.md runs as written, on smooth synthetic actions."""
+    from action_tokenizers.synthetic import smooth_chunks
+
+    text = (ROOT / "docs" / "tokenizers.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "docs/tokenizers.md has no python example"
+    chunks = smooth_chunks(200, time_horizon=10, action_dim=7, seed=0) * 3.0  # raw units, normalised by the example
+    scope = {"frames": chunks.reshape(-1, 7), "chunks": chunks, "T": 10, "D": 7}
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks[0], "docs/tokenizers.md", "exec"), scope)  # noqa: S102 - our own documentation
+    assert scope["out"].actions.shape == (4, 10, 7) and scope["out"].valid.all()
+    assert scope["tok"].vocab_size >= 256 and (tmp_path / "outputs" / "tokenizers" / "fast").is_dir()
