@@ -20,6 +20,19 @@ def test_ids_in_range_and_valid(tok, heldout_chunks):
     assert out.actions.shape == (len(heldout_chunks), T, D) and out.valid.all()
 
 
+@pytest.mark.parametrize("extra", [-1, "vocab_size"])
+def test_an_out_of_range_id_invalidates_its_row(tok, heldout_chunks, extra):
+    """Even where the row's other ids spell a whole chunk (FAST marked such a row valid, dropping the id)."""
+    ids = tok.encode(heldout_chunks[:3])
+    bad = tok.vocab_size if extra == "vocab_size" else extra
+    for row in ([*ids[0], bad], [bad, *ids[0]]):
+        out = tok.decode([row, ids[1], ids[2]], time_horizon=T, action_dim=D)
+        assert out.valid.tolist() == [False, True, True]
+        assert f"id {bad} is outside" in out.errors[0] and np.isnan(out.actions[0]).all()
+        repaired = tok.decode([row], time_horizon=T, action_dim=D, mode="repair")
+        assert not repaired.valid[0] and np.isfinite(repaired.actions).all()
+
+
 def test_single_chunk_and_batch_agree(tok, heldout_chunks):
     assert tok.encode(heldout_chunks[0]) == tok.encode(heldout_chunks[:1])
 

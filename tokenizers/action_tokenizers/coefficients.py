@@ -34,10 +34,11 @@ def quantize(coef: np.ndarray, scale: float, deadzone: float = 0.0) -> np.ndarra
     beyond int64's range).
     """
     x = coef * scale
-    q = np.rint(x)  # = np.around(x): half to even
-    if deadzone:
-        q[np.abs(x, out=x) < 0.5 + deadzone] = 0.0
-    return q
+    keep = np.abs(x) >= 0.5 + deadzone if deadzone else None
+    np.rint(x, out=x)  # = np.around(x): half to even
+    if keep is not None:
+        x *= keep  # a multiply, not a masked store: 4x faster (a zeroed negative is -0.0, which casts to 0)
+    return x
 
 
 def to_symbols(q: np.ndarray, offset: int, top: int) -> tuple[np.ndarray, int]:

@@ -333,21 +333,23 @@ class FASTTokenizer(ActionTokenizer):
         """
         flat, offsets, lengths = self._token_symbols
         b = len(counts)
-        row_of = np.repeat(np.arange(b), counts)  # [I] which row each id belongs to
-        bad = (ids < 0) | (ids >= len(lengths))
-        if bad.any():
+        bad = None
+        if len(ids) and (ids.min() < 0 or ids.max() >= len(lengths)):
+            row_of = np.repeat(np.arange(b), counts)  # [I] which row each id belongs to
+            bad = (ids < 0) | (ids >= len(lengths))
             bad_rows, first = np.unique(row_of[bad], return_index=True)
             bad_ids = ids[bad][first]
-            ids, row_of = ids[~bad], row_of[~bad]
+            ids, counts = ids[~bad], np.bincount(row_of[~bad], minlength=b)
         lens = lengths[ids]  # [I] symbols per id
         ends = np.cumsum(lens)
         # Output position j of id k reads flat[offsets[k] + (j - start_k)], start_k its first position.
         symbols_all = flat[np.repeat(offsets[ids] - (ends - lens), lens) + np.arange(ends[-1] if len(ends) else 0)]
-        per_row = np.bincount(row_of, weights=lens, minlength=b).astype(np.int64)  # [B] symbols per row
+        row_ends = np.concatenate([[0], ends])[np.cumsum(counts)]  # [B] symbols up to each row's end
+        per_row = np.diff(row_ends, prepend=0)  # [B] symbols per row
         valid = per_row == n
-        if valid.all():  # the common case: every row spells exactly n symbols
+        if bad is None and valid.all():  # the common case: every row spells exactly n symbols
             return symbols_all.reshape(b, n), valid, [None] * b
-        row_start = np.concatenate([[0], np.cumsum(per_row)[:-1]])
+        row_start = row_ends - per_row
         take = np.minimum(per_row, n)
         symbols = np.full((b, n), -self.min_token, dtype=np.int64)  # repair pads with coefficient 0
         cols = np.arange(n)
@@ -356,7 +358,7 @@ class FASTTokenizer(ActionTokenizer):
         errors: list[str | None] = [
             None if ok else f"the ids spell {count} coefficients, expected {n}" for ok, count in zip(valid, per_row)
         ]
-        if bad.any():
+        if bad is not None:  # a row with an out-of-range id is invalid even if the rest spells n symbols
             for i, bad_id in zip(bad_rows, bad_ids):
                 valid[i], errors[i] = False, f"id {int(bad_id)} is outside [0, {len(lengths)})"
         return symbols, valid, errors
