@@ -40,7 +40,7 @@ demo: setup
 	$(VENV)/bin/vla demo
 
 bench: setup
-	$(PYTHON) scripts/bench_tokenizers.py --out results/bench_tokenizers.json
+	OMP_NUM_THREADS=1 $(PYTHON) scripts/bench_tokenizers.py --out results/bench_tokenizers.json
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache

@@ -13,6 +13,9 @@ rotating each round), so each speed-up is the median of per-round ratios measure
 (IQR, min, max), CPU-time ratios and the load average per round are written too: the machine's cores are shared.
 ``--fsq-shape T,D`` also times FSQ's fit on smooth synthetic chunks of that shape (e.g. 30,26): the default
 (held-out plateau stop), fixed-step fits, and a time budget (``max_seconds``), each with its error.
+``wordpiece_alternative`` measures Hugging Face's WordPiece model (the same greedy longest match, in Rust, with a
+parallel batch encode) against the default's longest-match walk on the same symbols: whether its ids are identical,
+and its speed with the batch parallelism off (as ``make bench`` runs) and on. The file carries a ``provenance`` block.
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ from tqdm.auto import tqdm
 
 import action_tokenizers as at
 from action_tokenizers import reference
+from action_tokenizers.coefficients import flatten, ints_to_strings, split_rows
 from action_tokenizers.synthetic import smooth_chunks
+from tokenizers import Tokenizer, models
+from vla.io import atomic_write_text
+from vla.provenance import provenance
 
 
 def timed(fn) -> tuple[float, float]:
@@ -95,6 +102,41 @@ def throughput(char: at.FASTTokenizer, published: at.FASTTokenizer, held: np.nda
         "load_average_1min": {"before": load_before[0], "per_round": [round(x, 2) for x in loads],
                               "cpu_count": os.cpu_count()},
     }  # fmt: skip
+
+
+def wordpiece_alternative(char: at.FASTTokenizer, held: np.ndarray, rounds: int = 3) -> dict:
+    """Hugging Face's WordPiece over the default's vocabulary (empty continuing-subword prefix, no pre-tokenizer, so
+    a chunk's whole string is one word; the unknown token is never needed, as every symbol is in the vocabulary)
+    against the longest-match walk, both from the same symbols to id lists, interleaved in ``rounds`` rounds."""
+    vocab = char.bpe.get_vocab()
+    wordpiece = Tokenizer(models.WordPiece(vocab, unk_token=min(vocab, key=vocab.get), continuing_subword_prefix="",
+                                           max_input_chars_per_word=held.shape[1] * held.shape[2] + 1))  # fmt: skip
+    symbols = np.clip(flatten(char.coefficients(held) - char.min_token, char.order), 0, char.n_symbols - 1)
+    strings = ints_to_strings(symbols)
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+
+    def batch(parallel: bool) -> list[list[int]]:
+        os.environ["TOKENIZERS_PARALLELISM"] = "true" if parallel else "false"  # read by the library at each call
+        return [e.ids for e in wordpiece.encode_batch_fast(strings, add_special_tokens=False)]
+
+    variants = {"walk": lambda: split_rows(*char._trie.segment(symbols)),
+                "wordpiece_serial": lambda: batch(False), "wordpiece_parallel": lambda: batch(True)}  # fmt: skip
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    try:
+        identical = batch(False) == variants["walk"]() == batch(True)
+        for r in range(rounds):
+            for name in list(variants)[r % 3 :] + list(variants)[: r % 3]:
+                wall[name].append(timed(variants[name])[0])
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+    n = len(held)
+    return {"ids_identical": identical, "rounds": rounds,
+            **{f"{k}_chunks_per_s": n / float(np.median(v)) for k, v in wall.items()},
+            "walk_speedup_vs_wordpiece_serial": float(np.median(np.array(wall["wordpiece_serial"]) / wall["walk"])),
+            "walk_speedup_vs_wordpiece_parallel": float(np.median(np.array(wall["wordpiece_parallel"]) / wall["walk"]))}  # fmt: skip
 
 
 def lean_loop(bpe, chunks: np.ndarray, scale: float, min_token: int) -> list[np.ndarray]:
@@ -190,6 +232,7 @@ def main() -> None:
     published = at.FASTTokenizer.fit(train, byte_level=True)
     char = at.FASTTokenizer.fit(train)
     results["throughput_chunks_per_s"] = throughput(char, published, held, args.rounds)
+    results["wordpiece_alternative"] = wordpiece_alternative(char, held)
     if args.throughput_only:
         print(json.dumps(results, indent=2))
         return
@@ -208,9 +251,9 @@ def main() -> None:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    tmp.replace(args.out)  # atomic
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    results["provenance"] = provenance(config=config, dataset=args.root)
+    atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
     print(json.dumps(results["throughput_chunks_per_s"], indent=2))
     if "fsq_fit_large" in results:
         print(json.dumps(results["fsq_fit_large"], indent=2))
