@@ -133,3 +133,41 @@ def test_bad_sources_and_failed_conversions_leave_no_destination(tmp_path, monke
         convert(tmp_path / "old", tmp_path / "x")
     assert not (tmp_path / "x").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".x")]
     assert main(["data", "convert", str(tmp_path / "x"), str(tmp_path / "y")]) == 1  # one line, no traceback
+
+
+def test_an_episode_without_its_data_file_is_named_before_anything_is_written(tmp_path, capsys):
+    """LeRobot's converter numbers the data files it finds and failed late with "Number of episodes is not the same
+    ({1, 2})"; the pre-flight names the missing file."""
+    write_v21(tmp_path / "old")
+    (tmp_path / "old" / "data" / "chunk-000" / "episode_000001.parquet").unlink()
+    assert main(["data", "convert", str(tmp_path / "old"), str(tmp_path / "new")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vla data: error: ")
+    assert "1 of its 2 episodes have no data file (data/chunk-000/episode_000001.parquet)" in err[0]
+    assert "Copy or download the dataset again" in err[0] and "nothing was written" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]  # no destination, no staging folder
+
+
+def test_a_destination_inside_or_around_the_source_is_refused(tmp_path, capsys):
+    """`vla data convert SRC SRC/out` wrote into the source dataset's folder."""
+    write_v21(tmp_path / "old")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for dst, said in ((tmp_path / "old" / "out", "is inside the source dataset"), (tmp_path / "old", "is the source"),
+                      (tmp_path, "holds the source dataset")):  # fmt: skip
+        assert main(["data", "convert", str(tmp_path / "old"), str(dst), "--overwrite"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0] and "convert into a" in err[0]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written, nothing lost
+
+
+def test_names_in_a_nested_layout_are_written_flat(tmp_path):
+    """v2.x datasets often hold a list holding one list, or {"motors": [...]}; the converted info.json is flat."""
+    write_v21(tmp_path / "old")
+    path = tmp_path / "old" / "meta" / "info.json"
+    info = json.loads(path.read_text())
+    info["features"]["observation.state"]["names"] = [["x", "y", "z"]]
+    info["features"]["action"]["names"] = {"motors": ["dx", "dy"]}
+    path.write_text(json.dumps(info))
+    convert(tmp_path / "old", tmp_path / "new", log=lambda *_: None)
+    features = json.loads((tmp_path / "new" / "meta" / "info.json").read_text())["features"]
+    assert features["observation.state"]["names"] == ["x", "y", "z"] and features["action"]["names"] == ["dx", "dy"]

@@ -12,6 +12,12 @@ around it, two things that script does not do:
   Such cameras are dropped, named in the summary and logged; a camera with only some of its files is an error.
 * the result is written to a hidden sibling folder of ``DST`` and renamed into place at the end, so a failed
   conversion leaves no half-written ``DST`` (LeRobot's converter works in place, in ``SRC``'s own folder).
+
+and, before anything is written, a pre-flight: ``meta/info.json`` read through ``vla.meta`` (every field checked),
+``DST`` neither ``SRC`` nor inside or around it, and the episodes ``meta/episodes.jsonl`` lists checked against the
+data files (LeRobot's converter numbers the files it finds, so one missing file fails late as "Number of episodes is
+not the same"); a missing, extra or damaged file is named. Feature names in any layout (a list holding one list, a
+dict of lists) are written flat (``vla.meta.flat_names``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from vla import meta
 from vla.io import atomic_directory, read_json, write_json
 
 logger = logging.getLogger(__name__)
@@ -37,10 +44,10 @@ def convert(src: str | Path, dst: str | Path, *, overwrite: bool = False, log=lo
     ``episodes``, ``frames``, ``features``, ``dropped``: the cameras left out because their videos are absent)."""
     src, dst = Path(src), Path(dst)
     info = _check_source(src)
+    _check_destination(src, dst)
     if dst.exists() and not overwrite:
         raise ValueError(f"{dst} already exists; choose another destination or pass --overwrite to replace it")
-    if dst.resolve() == src.resolve():
-        raise ValueError(f"the destination is the source ({src}); convert into a new folder")
+    _check_episode_files(src, info)
     dropped = _absent_video_features(src, info)
     if dropped:
         log(f"dropping camera features whose videos are absent from {src / 'videos'}: {', '.join(dropped)} (the "
@@ -68,10 +75,11 @@ def convert(src: str | Path, dst: str | Path, *, overwrite: bool = False, log=lo
 
 
 def _check_source(src: Path) -> dict[str, Any]:
+    """meta/info.json as a dict (features with flat names), every field this module reads checked."""
     if not (src / "meta" / "info.json").is_file():
         raise ValueError(f"{src} is not a LeRobot dataset (no meta/info.json); pass the folder holding meta/ and data/")
-    info = read_json(src / "meta" / "info.json", "dataset info")
-    version = info.get("codebase_version")
+    file = meta.InfoFile.read(src)
+    version = file.version
     if version == V30:
         raise ValueError(f"{src} is already a {V30} dataset; use it as it is")
     if version != V21:
@@ -82,7 +90,79 @@ def _check_source(src: Path) -> dict[str, Any]:
         raise ValueError(f"{src} lacks {', '.join(missing)}, which every {V21} dataset has; copy the whole dataset")
     if not any((src / "data").glob("*/*.parquet")):
         raise ValueError(f"{src / 'data'} holds no parquet files (data/chunk-000/episode_000000.parquet, ...)")
+    file.fps()
+    for name in ("total_episodes", "chunks_size"):
+        file.count(name, default=1000 if name == "chunks_size" else None)
+    for name in ("data_path", "video_path"):
+        file.text(name)
+    info = dict(file.raw, features=file.features())
+    for note in file.notes:
+        logger.warning(note)
     return info
+
+
+def _check_destination(src: Path, dst: Path) -> None:
+    """``dst`` must be a folder of its own: not ``src``, not inside it (the result would land in the source dataset's
+    folder and be read as part of it), not around it (``--overwrite`` would delete the source)."""
+    s, d = src.resolve(), dst.resolve()
+    if d == s:
+        raise ValueError(f"the destination is the source ({src}); convert into a new folder beside it")
+    if d.is_relative_to(s):
+        raise ValueError(f"the destination {dst} is inside the source dataset {src}; convert into a folder outside "
+                         f"it (e.g. {src.parent / (src.name + '_v30')})")  # fmt: skip
+    if s.is_relative_to(d):
+        raise ValueError(f"the destination {dst} holds the source dataset {src}; convert into a new folder beside it "
+                         f"(e.g. {src.parent / (src.name + '_v30')})")  # fmt: skip
+
+
+def _listed_episodes(src: Path) -> list[int]:
+    """The episode ids meta/episodes.jsonl lists, each line checked."""
+    path = src / "meta" / "episodes.jsonl"
+    ids = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {number} is not valid JSON ({err.msg}); fix the file or download the "
+                             "dataset again") from None  # fmt: skip
+        episode = entry.get("episode_index") if isinstance(entry, dict) else None
+        if isinstance(episode, bool) or not isinstance(episode, int) or episode < 0:
+            raise ValueError(f"{path} line {number}: \"episode_index\" is {episode!r}; it must be a whole number "
+                             ">= 0. Fix the file or download the dataset again")  # fmt: skip
+        ids.append(episode)
+    return ids
+
+
+def _check_episode_files(src: Path, info: dict[str, Any]) -> None:
+    """Every episode meta/ lists has its data file, readable, and no data file is unlisted."""
+    episodes = _listed_episodes(src)
+    chunks_size = info.get("chunks_size", 1000)
+    template = info.get("data_path") or "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+    try:
+        wanted = {src / template.format(episode_chunk=e // chunks_size, episode_index=e): e for e in episodes}
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"{src / 'meta' / 'info.json'}: \"data_path\" is {template!r}; it must be LeRobot {V21}'s "
+                         "template, e.g. 'data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet'. Fix "
+                         "the file or download the dataset again") from None  # fmt: skip
+    missing = [p for p in wanted if not p.is_file()]
+    extra = sorted(set((src / "data").glob("*/*.parquet")) - set(wanted))
+    damaged = [p for p in wanted if p.is_file() and meta.damaged_parquet(p)]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} of its {len(wanted)} episodes have no data file ("
+                        + ", ".join(str(p.relative_to(src)) for p in missing[:5]) + (", ..." if len(missing) > 5 else "")
+                        + ")")  # fmt: skip
+    if damaged:
+        problems.append(f"{len(damaged)} data file(s) are truncated or damaged ("
+                        + ", ".join(str(p.relative_to(src)) for p in damaged[:5]) + ")")  # fmt: skip
+    if extra:
+        problems.append(f"{len(extra)} data file(s) are not listed in meta/episodes.jsonl ("
+                        + ", ".join(str(p.relative_to(src)) for p in extra[:5]) + ")")  # fmt: skip
+    if problems:
+        raise ValueError(f"{src} cannot be converted: {'; '.join(problems)}. Copy or download the dataset again "
+                         "(every episode's data file); nothing was written")  # fmt: skip
 
 
 def _absent_video_features(src: Path, info: dict[str, Any]) -> list[str]:

@@ -33,11 +33,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
+from vla import meta
 from vla.io import read_json
 from vla.names import suggestion
 
@@ -66,11 +65,14 @@ class DatasetInfo:
     camera_keys: list[str]  # "observation.images.*" features stored as images or videos
     action_dim: int
     state_dim: int | None  # None when the dataset has no observation.state
-    action_names: list[str] | None
+    action_names: list[str] | None  # one per action dim (any layout in meta/info.json read flat: vla.meta.flat_names)
     tasks: list[str]  # by task_index
     robot_type: str | None = None
     recording: dict | None = field(default=None, repr=False)  # meta/recording.json from vla.sim.record
     video_path: str | None = None  # meta/info.json's template of a video file's path (None: no videos)
+    state_names: list[str] | None = None  # one per state dim, or None
+    notes: tuple[str, ...] = ()  # what in meta/ was odd and worked around (names ignored), for `vla data info`
+    data_files: np.ndarray | None = field(default=None, repr=False)  # [E] each episode's data file (None: not listed)
 
     @property
     def num_episodes(self) -> int:
@@ -104,10 +106,12 @@ class DatasetInfo:
             f"{self.root}: {self.num_episodes} episodes, {self.num_frames} frames at {self.fps} fps",
             f"  episode length: min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}",
             f"  action: {self.action_dim}-D {self.action_names or ''}".rstrip(),
-            f"  state: {self.state_dim}-D" if self.state_dim is not None else "  state: none",
+            f"  state: {self.state_dim}-D {self.state_names or ''}".rstrip() if self.state_dim is not None
+            else "  state: none",
             f"  cameras: {', '.join(self.camera_text(k) for k in self.camera_keys) or 'none'}",
             f"  tasks: {'; '.join(self.tasks[:3])}{' ...' if len(self.tasks) > 3 else ''}",
         ]
+        lines += [f"  NOTE: {note}" for note in self.notes]
         if self.recording:
             lines.append(
                 f"  recorded from {self.recording.get('env')} {self.recording.get('task')}: expert success "
@@ -123,38 +127,46 @@ def as_info(source: str | Path | DatasetInfo) -> DatasetInfo:
 
 
 def dataset_info(root: str | Path) -> DatasetInfo:
-    """Read ``meta/info.json``, the episode table and the tasks; check the dataset is usable.
+    """Read ``meta/info.json``, the episode table and the tasks (``vla.meta``: every field checked where it is read);
+    check the dataset is usable.
 
-    Raises ValueError for a missing folder, a folder that is not a LeRobot v3.0 dataset, no ``action``
-    feature, or a non-numeric ``action``/``observation.state``.
+    Raises ValueError for a missing folder, a folder that is not a LeRobot v3.0 dataset, a bad field of
+    ``meta/info.json`` (named, with the fix), no ``action`` feature, or a non-numeric ``action``/``observation.state``.
     """
     root = _check_root(root)
-    info = read_json(root / "meta" / "info.json", "dataset info")
-    version = info.get("codebase_version")
+    info = meta.InfoFile.read(root)
+    version = info.version
     if version != CODEBASE_VERSION:
-        raise ValueError(
-            f"{root} is a LeRobot {version} dataset; this reads {CODEBASE_VERSION} only. Convert it with "
-            "LeRobot's converter (python -m lerobot.scripts.convert_dataset_v21_to_v30)."
-        )
-    features: dict[str, dict] = info.get("features", {})
+        hint = "`vla data convert SRC DST`" if version == "v2.1" else "LeRobot's converters, one version at a time"
+        raise ValueError(f"{root} is a LeRobot {version} dataset; this reads {CODEBASE_VERSION} only. Convert it "
+                         f"with {hint}")  # fmt: skip
+    features = info.features()
     _check_numeric(root, features, ACTION, required=True)
     _check_numeric(root, features, OBS_STATE, required=False)
+    cameras = [k for k, ft in features.items() if ft["dtype"] in _CAMERA_DTYPES]
+    for key in cameras:
+        if len(features[key]["shape"]) != 3:
+            raise info.bad(f"features.{key}.shape", features[key]["shape"], "a camera's [height, width, 3] (or "
+                           "[3, height, width] with names starting 'channels')")  # fmt: skip
 
-    episodes = _read_episode_table(root)
+    episodes = meta.episode_table(root, info.text("data_path"))
     return DatasetInfo(
         root=root,
-        fps=int(info["fps"]),
+        fps=info.fps(),
         episode_index=episodes["episode_index"],
         episode_lengths=episodes["length"],
         features=features,
-        camera_keys=[k for k, ft in features.items() if ft.get("dtype") in _CAMERA_DTYPES],
+        camera_keys=cameras,
         action_dim=int(np.prod(features[ACTION]["shape"])),
         state_dim=int(np.prod(features[OBS_STATE]["shape"])) if OBS_STATE in features else None,
-        action_names=_flat_names(features[ACTION].get("names")),
-        tasks=_read_tasks(root),
-        robot_type=info.get("robot_type"),
+        action_names=features[ACTION]["names"],
+        tasks=meta.read_tasks(root),
+        robot_type=info.text("robot_type"),
         recording=read_json(root / RECORDING_FILE, "recording") if (root / RECORDING_FILE).is_file() else None,
-        video_path=info.get("video_path"),
+        video_path=info.text("video_path"),
+        state_names=features[OBS_STATE]["names"] if OBS_STATE in features else None,
+        notes=tuple(info.notes),
+        data_files=episodes.get("data_file"),
     )
 
 
@@ -168,6 +180,38 @@ def nonfinite(frames: dict[str, np.ndarray], features: list[str]) -> dict[str, s
             out[name] = (f"{int(bad.sum())} values in {int(bad.any(axis=1).sum())} frames, the first in episode "
                          f"{int(frames['episode_index'][row])} at frame {int(frames['frame_in_episode'][row])}")  # fmt: skip
     return out
+
+
+def damaged_files(root: str | Path | DatasetInfo) -> dict[Path, str]:
+    """Every data file that is not a readable parquet file (its footer is read), with the episodes it holds by the
+    episode table (``"episodes 0-54"``; ``"episodes unknown"`` when the table does not say) and why: empty when every
+    file reads. A file the episode table names but the folder lacks is listed too."""
+    from vla.videos import _ranges
+
+    info = as_info(root)
+    held: dict[Path, list[int]] = {}
+    if info.data_files is not None:
+        for episode, name in zip(info.episode_index.tolist(), info.data_files):
+            held.setdefault(info.root / name, []).append(int(episode))
+    out = {}
+    for path in sorted(set((info.root / "data").glob("*/*.parquet")) | set(held)):
+        why = "missing" if not path.is_file() else meta.damaged_parquet(path)
+        if why is not None:
+            episodes = held.get(path)
+            out[path] = f"episodes {_ranges(episodes)}" if episodes else "episodes unknown"
+            out[path] += f" ({why})"
+    return out
+
+
+def check_files(root: str | Path | DatasetInfo) -> None:
+    """A ``ValueError`` naming the damaged or missing data files and the episodes they hold (``damaged_files``)."""
+    info = as_info(root)
+    bad = damaged_files(info)
+    if bad:
+        listed = "; ".join(f"{p.relative_to(info.root)}: {why}" for p, why in list(bad.items())[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise ValueError(f"{info.root}: {len(bad)} data file(s) cannot be read ({listed}{more}); {meta.REDOWNLOAD} "
+                         "(those episodes' files at least)")  # fmt: skip
 
 
 def check_values(root: str | Path | DatasetInfo) -> dict[str, str]:
@@ -330,31 +374,6 @@ def _check_image_keys(info: DatasetInfo, image_keys: list[str] | None) -> list[s
     return keys
 
 
-def _read_episode_table(root: Path) -> dict[str, np.ndarray]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
-    if not files:
-        raise ValueError(f"{root} has no episode table (meta/episodes/chunk-*/file-*.parquet)")
-    table = pa.concat_tables(pq.read_table(f, columns=["episode_index", "length"]) for f in files)
-    order = np.argsort(table.column("episode_index").to_numpy())
-    return {
-        "episode_index": table.column("episode_index").to_numpy()[order].astype(np.int64),
-        "length": table.column("length").to_numpy()[order].astype(np.int64),
-    }
-
-
-def _read_tasks(root: Path) -> list[str]:
-    import pyarrow.parquet as pq
-
-    path = root / "meta" / "tasks.parquet"
-    if not path.is_file():
-        return []
-    frame = pq.read_table(path).to_pandas()  # the task string is the index, task_index a column
-    return [str(task) for task in frame.sort_values("task_index").index]
-
-
 def _read_frames(
     info: DatasetInfo, episodes: list[int], vectors: list[str], columns: tuple[str, ...] = ()
 ) -> dict[str, np.ndarray]:
@@ -364,12 +383,11 @@ def _read_frames(
     one past its last (``episode_end``) and ``frame_in_episode``, all [F]."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     scalars = ["index", "episode_index"] + (["task_index"] if "task_index" in info.features else [])
     tables = []
     for path in sorted((info.root / "data").glob("*/*.parquet")):
-        table = pq.read_table(path, columns=vectors + scalars + list(columns))
+        table = meta.read_parquet(path, columns=vectors + scalars + list(columns))
         keep = pc.is_in(table.column("episode_index"), value_set=pa.array(episodes, pa.int64()))
         tables.append(table.filter(keep))
     table = pa.concat_tables(tables)
@@ -404,10 +422,3 @@ def _fixed_size_column(column, dim: int, name: str) -> np.ndarray:
     if len(values) != len(column) * dim:
         raise ValueError(f"'{name}' rows do not all have {dim} values as meta/info.json says")
     return values.to_numpy(zero_copy_only=False).reshape(len(column), dim)
-
-
-def _flat_names(names: Any) -> list[str] | None:
-    """Feature names as a flat list (LeRobot allows a list or {"motors": [...]})."""
-    if isinstance(names, dict):
-        names = next(iter(names.values()), None)
-    return [str(n) for n in names] if isinstance(names, list) else None

@@ -1,0 +1,88 @@
+"""Dataset faults users met, reproduced through the CLI: each is one line that names the file, the field and the fix,
+and nothing is written (no run folder)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vla.cli import main
+
+
+def copy_with_info(src: Path, dst: Path, **fields) -> Path:
+    """A copy of the dataset at ``src`` with ``fields`` set in meta/info.json."""
+    shutil.copytree(src, dst)
+    path = dst / "meta" / "info.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields, indent=2))
+    return dst
+
+
+def train_args(root: Path, out: Path) -> list[str]:
+    return ["train", f"--dataset_root={root}", f"--output_dir={out}", "--steps=1", "--policy.preset=micro",
+            "--policy.device=cpu", "--progress=false"]  # fmt: skip
+
+
+def one_line_error(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"vla {command}: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("fps, shown", [("abc", "'abc'"), (-5, "-5"), (0, "0"), (12.5, "12.5"), (None, "None")])
+def test_a_bad_fps_is_named_with_its_file_and_the_fix(tiny_dataset_root, tmp_path, capsys, fps, shown):
+    """`"fps": "abc"` gave "invalid literal for int() with base 10: 'abc'"; `"fps": -5` trained at -5 fps."""
+    root = copy_with_info(tiny_dataset_root, tmp_path / "ds", fps=fps)
+    for command, args in (("train", train_args(root, tmp_path / "run")), ("data", ["data", "info", str(root)])):
+        assert main(args) == 1
+        line = one_line_error(capsys, command)
+        assert f"{root / 'meta' / 'info.json'}: \"fps\" is {shown}; it must be the recording rate, a positive whole " \
+               "number of frames per second (e.g. 30). Fix the file or download or record the dataset again" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("features", [], '"features" is []; it must be an object naming each feature'),
+    ("robot_type", 7, '"robot_type" is 7; it must be a string or absent'),
+])  # fmt: skip
+def test_other_bad_fields_name_the_field(tiny_dataset_root, tmp_path, capsys, field, value, message):
+    root = copy_with_info(tiny_dataset_root, tmp_path / "ds", **{field: value})
+    assert main(train_args(root, tmp_path / "run")) == 1
+    assert message in one_line_error(capsys, "train") and not (tmp_path / "run").exists()
+
+
+def test_a_bad_shape_is_named(tiny_dataset_root, tmp_path, capsys):
+    root = shutil.copytree(tiny_dataset_root, tmp_path / "ds")
+    path = root / "meta" / "info.json"
+    info = json.loads(path.read_text())
+    info["features"]["action"]["shape"] = [0]
+    path.write_text(json.dumps(info))
+    assert main(["data", "info", str(root)]) == 1
+    assert '"features.action.shape" is [0]; it must be a list of positive whole numbers' in one_line_error(capsys, "data")
+
+
+def test_a_truncated_data_file_says_to_download_again_and_info_names_its_episodes(tiny_dataset_root, tmp_path, capsys):
+    """pyarrow said "Parquet magic bytes not found in footer..." with the path and no next step."""
+    root = shutil.copytree(tiny_dataset_root, tmp_path / "ds")
+    path = sorted((root / "data").glob("*/*.parquet"))[0]
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert main(train_args(root, tmp_path / "run")) == 1
+    line = one_line_error(capsys, "train")
+    assert f"{path} is not a readable parquet file (" in line
+    assert "the data file is truncated or damaged; download or record the dataset again" in line
+    assert not (tmp_path / "run").exists()
+    assert main(["data", "info", str(root)]) == 1
+    line = one_line_error(capsys, "data")
+    assert f"1 data file(s) cannot be read ({path.relative_to(root)}: episodes 0-3 (" in line
+    assert "download or record the dataset again" in line
+
+
+def test_a_data_file_the_episode_table_names_but_the_folder_lacks(tiny_dataset_root, tmp_path, capsys):
+    root = shutil.copytree(tiny_dataset_root, tmp_path / "ds")
+    path = sorted((root / "data").glob("*/*.parquet"))[0]
+    path.rename(path.with_name("file-009.parquet"))  # the data is there, under a name the episode table does not use
+    assert main(["data", "info", str(root)]) == 1
+    line = one_line_error(capsys, "data")
+    assert f"1 data file(s) cannot be read ({path.relative_to(root)}: episodes 0-3 (missing))" in line
