@@ -8,6 +8,11 @@ The tokenizer choices are made from the tokenizer library's own registry (``acti
 tokenizer's ``Options`` dataclass becomes ``--tokenizer.type=<name>`` with the same fields and defaults, so a new
 tokenizer needs no line here.
 
+With no config file (``vla train --dataset_root DIR``) the run starts from ``vla.defaults.FROM_DATA``: the chunk
+length, relative actions, state history, cameras and held-out split are chosen from the dataset when training starts
+(each printed with its reason and saved in the run's train_config.json), and whatever is given on the command line
+wins. A config file starts from the fixed defaults below; it writes ``null`` (or ``auto``) for a setting to be chosen.
+
 draccus gotcha: a field of a choice type needs its ``type`` too on the command line (``--tokenizer.type=fast``
 before ``--tokenizer.scale=5``), even when the YAML already chose it. A ``--tokenizer.type`` other than the YAML's
 drops the YAML's tokenizer options (``configs/aloha.yaml --tokenizer.type=beast`` is BEAST with its defaults).
@@ -27,9 +32,6 @@ import numpy as np
 import yaml
 
 import action_tokenizers as at
-from lerobot.utils.constants import OBS_STATE
-
-from vla import data
 from vla.data import DatasetInfo
 from vla.policy import VLAConfig
 
@@ -90,7 +92,8 @@ class TrainConfig:
     tokenizer: TokenizerConfig = field(default_factory=lambda: tokenizer_config(DEFAULT_TOKENIZER))
     # The policy, its optimiser and schedule (VLAConfig's fields: --policy.time_horizon=..., --policy.optimizer_lr=...).
     policy: VLAConfig = field(default_factory=VLAConfig)
-    heldout_episodes: float = 0.0  # share of episodes kept out of training (and out of tokenizer fitting)
+    # share of episodes kept out of training (and out of tokenizer fitting); None: chosen when training starts (0.1)
+    heldout_episodes: float | None = 0.0
     # Held-out measurement (vla.heldout), when heldout_episodes > 0: every eval_every steps (and at the end) on a fixed
     # subset of eval_chunks held-out chunks; at the end the offline report on report_chunks of them.
     eval_every: int = 250
@@ -111,6 +114,14 @@ class TrainConfig:
     resume: bool = False  # continue from the last checkpoint in output_dir (with the run's own settings)
     overwrite: bool = False  # start fresh in an output_dir that holds a run, deleting that run
     progress: bool = True  # show a progress bar
+    # What `vla train` chose from the dataset for the settings left unset, and why (written when training starts)
+    chosen: dict[str, str] = field(default_factory=dict)
+
+    def resolved(self, info: DatasetInfo, log=print) -> TrainConfig:
+        """This config with every unset setting chosen from the dataset, one printed line each (``vla.defaults``)."""
+        from vla import defaults
+
+        return defaults.resolve(self, info, log=log)
 
     def __post_init__(self) -> None:
         checks = [
@@ -121,7 +132,8 @@ class TrainConfig:
             (self.keep_last >= 0, f"keep_last must be >= 0 (0 keeps every checkpoint), got {self.keep_last}"),
             (self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}"),
             (self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers}"),
-            (0 <= self.heldout_episodes < 1, f"heldout_episodes is a share in [0, 1), got {self.heldout_episodes}"),
+            (self.heldout_episodes is None or 0 <= self.heldout_episodes < 1,
+             f"heldout_episodes is a share in [0, 1) or None (chosen from the dataset), got {self.heldout_episodes}"),
             (self.eval_every >= 1, f"eval_every must be >= 1, got {self.eval_every}"),
             (self.eval_chunks >= 1, f"eval_chunks must be >= 1, got {self.eval_chunks}"),
             (self.report_chunks >= 1, f"report_chunks must be >= 1, got {self.report_chunks}"),
@@ -136,24 +148,13 @@ class TrainConfig:
 
 
 def resolve_action_state(policy: VLAConfig, info: DatasetInfo) -> VLAConfig:
-    """``policy`` with ``action_state_dims`` and ``relative_actions`` fixed from the dataset: the state dimension of
-    each action dimension (by feature name, else one to one when the dims are equal; None when neither matches), and
-    ``"auto"`` turned into its mask (every dimension but those named *gripper*)."""
-    if policy.state_dim == 0 or info.state_dim is None:  # no state: nothing to match the actions to
-        return dataclasses.replace(policy, action_state_dims=None)
-    state_names = data._flat_names(info.features.get(OBS_STATE, {}).get("names"))
-    dims = policy.action_state_dims
-    if dims is None and info.action_names and state_names and set(info.action_names) <= set(state_names):
-        dims = [state_names.index(name) for name in info.action_names]
-    elif dims is None and info.state_dim == info.action_dim:
-        dims = list(range(info.action_dim))
-    relative = policy.relative_actions
-    if relative == "auto":
-        if not info.action_names:
-            raise ValueError(f"relative_actions='auto' finds grippers by the action's names, and {info.root} names "
-                             "none; give the mask, e.g. --policy.relative_actions=[true,true,false]")  # fmt: skip
-        relative = ["gripper" not in name.lower() for name in info.action_names]
-    return dataclasses.replace(policy, action_state_dims=dims, relative_actions=relative)
+    """``policy`` with ``action_state_dims`` and ``relative_actions`` fixed from the dataset
+    (``vla.defaults.action_state``): the state dimension of each action dimension (by name, else by values, else one
+    to one when the dims agree; None when none matches), and ``"auto"`` turned into its mask (the dims whose state
+    dimension tracks them, grippers kept absolute)."""
+    from vla import defaults
+
+    return defaults.action_state(policy, info)[0]
 
 
 def load_config(config_path: str | None = None, args: list[str] | None = None) -> TrainConfig:
@@ -167,6 +168,11 @@ def load_config(config_path: str | None = None, args: list[str] | None = None) -
             raise ValueError(f"no config file {path!r}; pass one of configs/*.yaml or your own YAML file")
     path = named[-1] if named else config_path
     with tempfile.TemporaryDirectory() as tmp:
+        if path is None:  # no config file: every setting vla.defaults chooses starts unset
+            from vla.defaults import FROM_DATA
+
+            config_path = path = str(Path(tmp) / "from_data.yaml")
+            Path(path).write_text(yaml.safe_dump(FROM_DATA, sort_keys=False))
         copy = _without_other_tokenizer_options(path, args, Path(tmp))
         if copy is None:
             return _parse(config_path, args)

@@ -25,6 +25,7 @@ from vla.sequence import ATTENTIONS, DECODINGS, STATE_ENCODINGS
 from vla.vision import VISION_ENCODERS
 
 DTYPES = ("float32", "bfloat16")
+AUTO = "auto"  # a setting chosen from the dataset when `vla train` starts (vla.defaults)
 RELATIVE_CHOICES = ("none", "auto")  # or a mask per action dimension
 
 
@@ -44,11 +45,21 @@ class VLAConfig(PreTrainedConfig):
     # "siglip": PaliGemma's ViT, one token per patch; "keypoints": a small conv stem and a spatial softmax (Levine et
     # al. 2016), as many (x, y) keypoint tokens as SigLIP has patches (tiny: 16), the low-data recipe for small objects;
     # "conv": a conv stem, flattened, one linear layer (SAC-AE / DrQ), the one that learns to see from scratch here
+    # "auto" (vla train with no config file): "conv" for cameras trained from scratch, "siglip" with backbone_path
     vision_encoder: str = "siglip"
 
     # --- shapes -------------------------------------------------------------------------------------------
-    time_horizon: int = 10  # T: actions per predicted chunk (openpi's action_horizon)
-    n_action_steps: int = 5  # actions executed from each chunk before predicting the next (<= time_horizon)
+    # T: actions per predicted chunk (openpi's action_horizon). None: from chunk_seconds and the dataset's fps, chosen
+    # when `vla train` starts (vla.defaults; the default without a config file)
+    time_horizon: int | None = 10
+    # The chunk's length in seconds: when set, `vla train` sets time_horizon = round(chunk_seconds * fps) (it decides T
+    # even where time_horizon is set too); None with time_horizon None: vla.defaults.CHUNK_SECONDS
+    chunk_seconds: float | None = None
+    # actions executed from each chunk before predicting the next (<= time_horizon); None: half the chunk (vla train)
+    n_action_steps: int | None = 5
+    # LeRobot's field, here Optional: the states the policy reads (1: the current one); None: chosen when `vla train`
+    # starts (vla.defaults: 3 for a policy that reads a state and no camera, else 1)
+    n_obs_steps: int | None = 1
     # n_obs_steps (LeRobot's field) > 1: the policy reads the last n states, as the current one and its changes since
     # each earlier frame, each change times state_delta_scale (per state dim; vla train fits it so one frame's
     # normalised change spans about [-1, 1]; None = 1)
@@ -58,7 +69,8 @@ class VLAConfig(PreTrainedConfig):
     temporal_ensemble: float | None = None
     action_dim: int | None = None  # D; None = from output_features, the tokenizer or the action normaliser
     state_dim: int | None = None  # S; None = from input_features or the state normaliser; 0 = no state (image-only)
-    image_keys: list[str] = field(default_factory=list)  # cameras, "observation.images.<cam>"; empty = state + task
+    # cameras, "observation.images.<cam>"; empty = state + task; None = every camera of the dataset (vla train)
+    image_keys: list[str] | None = field(default_factory=list)
     image_size: int | None = None  # images are resized to this square size; None = the preset's (tiny: 64)
     image_shift: int = 4  # training only: random shift of each image by up to this many pixels (DrQ); 0 = none
 
@@ -80,11 +92,13 @@ class VLAConfig(PreTrainedConfig):
     # --- relative (delta) actions: openpi's DeltaActions --------------------------------------------------
     # Per action dimension, True = the model predicts action - state (the state's matching dimension, below) and the
     # state is added back on the way out, so decoded chunks are absolute. "none" = all absolute; "auto" = every
-    # dimension but grippers (named *gripper*), fixed into a mask from the dataset's action names when training starts.
+    # dimension whose matched state dimension tracks it (vla.defaults.TRACKS) but grippers (named *grip*, *claw*,
+    # *finger*), fixed into a mask from the dataset when training starts.
     relative_actions: list[bool] | str = "none"
     # For each action dimension, the state dimension holding the same quantity (relative actions, and the held-out
-    # report's hold-the-state baseline). None = matched by feature name, or one to one when the dims are equal; fixed
-    # when training starts (stays None when neither matches: then give it, e.g. [0, 1, 2, 4, 5, 6] for piper_grape).
+    # report's hold-the-state baseline). None = matched when training starts (vla.defaults.match_state): by feature
+    # name, else by values (the state dim each action dim tracks), else one to one when the dims are equal; stays None
+    # when none matches: then give it, e.g. [0, 1, 2, 4, 5, 6] for piper_grape.
     action_state_dims: list[int] | None = None
 
     # --- decoding -----------------------------------------------------------------------------------------
@@ -124,7 +138,8 @@ class VLAConfig(PreTrainedConfig):
     optimizer_weight_decay: float = 0.01
     optimizer_grad_clip_norm: float = 1.0  # max gradient norm
     scheduler_warmup_steps: int = 100  # linear warm-up from lr / (warmup + 1) to lr
-    scheduler_decay_steps: int = 3000  # cosine decay from lr (counted from step 0) to decay_lr; flat after
+    # cosine decay from lr (counted from step 0) to decay_lr; flat after. None: the run's steps (vla train)
+    scheduler_decay_steps: int | None = 3000
     scheduler_decay_lr: float = 3e-4  # the learning rate at the end of the decay
 
     def __post_init__(self) -> None:
@@ -138,21 +153,26 @@ class VLAConfig(PreTrainedConfig):
                "use 'sdpa' or 'eager'")  # fmt: skip
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
         close = suggestion(self.vision_encoder, VISION_ENCODERS)
-        _check(self.vision_encoder in VISION_ENCODERS, "vision_encoder", self.vision_encoder,
-               f"use one of {', '.join(VISION_ENCODERS)}{close}")  # fmt: skip
+        _check(self.vision_encoder in (*VISION_ENCODERS, AUTO), "vision_encoder", self.vision_encoder,
+               f"use one of {', '.join(VISION_ENCODERS)} or {AUTO!r} (chosen when training starts){close}")  # fmt: skip
         _check(self.optimizer_lr > 0, "optimizer_lr", self.optimizer_lr, "use a positive learning rate (3e-3 for tiny)")
         _check(self.optimizer_grad_clip_norm > 0, "optimizer_grad_clip_norm", self.optimizer_grad_clip_norm,
                "use a positive norm (1.0 is the FAST paper's)")  # fmt: skip
         _check(len(self.optimizer_betas) == 2 and all(0 <= b < 1 for b in self.optimizer_betas), "optimizer_betas",
                self.optimizer_betas, "use two numbers in [0, 1), e.g. (0.9, 0.95)")  # fmt: skip
         _check(self.scheduler_warmup_steps >= 0, "scheduler_warmup_steps", self.scheduler_warmup_steps, "use >= 0")
-        _check(self.scheduler_decay_steps >= 1, "scheduler_decay_steps", self.scheduler_decay_steps, "use >= 1")
+        _check(self.scheduler_decay_steps is None or self.scheduler_decay_steps >= 1, "scheduler_decay_steps",
+               self.scheduler_decay_steps, "use >= 1, or None (the run's steps)")  # fmt: skip
         _check(0 <= self.scheduler_decay_lr <= self.optimizer_lr, "scheduler_decay_lr", self.scheduler_decay_lr,
                f"use a value in [0, optimizer_lr = {self.optimizer_lr}]")  # fmt: skip
-        _check(self.time_horizon >= 1, "time_horizon", self.time_horizon, "use a positive number of steps")
-        _check(1 <= self.n_action_steps <= self.time_horizon, "n_action_steps", self.n_action_steps,
-               f"use 1 <= n_action_steps <= time_horizon ({self.time_horizon})")  # fmt: skip
-        _check(self.n_obs_steps >= 1, "n_obs_steps", self.n_obs_steps,
+        _check(self.time_horizon is None or self.time_horizon >= 1, "time_horizon", self.time_horizon,
+               "use a positive number of steps, or None (from chunk_seconds and the dataset's fps)")  # fmt: skip
+        _check(self.chunk_seconds is None or 0 < self.chunk_seconds < float("inf"), "chunk_seconds",
+               self.chunk_seconds, "use a positive number of seconds, e.g. 0.5, or None")  # fmt: skip
+        _check(self.n_action_steps is None or 1 <= self.n_action_steps <= (self.time_horizon or self.n_action_steps),
+               "n_action_steps", self.n_action_steps, f"use 1 <= n_action_steps <= time_horizon ({self.time_horizon}), "
+               "or None (half the chunk)")  # fmt: skip
+        _check(self.n_obs_steps is None or self.n_obs_steps >= 1, "n_obs_steps", self.n_obs_steps,
                "use 1 (the current state) or n > 1 (the last n states, oldest first: a velocity cue)")  # fmt: skip
         _check(self.temporal_ensemble is None or 0 <= self.temporal_ensemble < float("inf"), "temporal_ensemble",
                self.temporal_ensemble, "use a coefficient >= 0 (ACT's 0.01) or None (no ensembling)")  # fmt: skip
@@ -163,11 +183,11 @@ class VLAConfig(PreTrainedConfig):
                "use a positive integer, 0 (no state: an image-only policy) or leave it unset (None: from the data)")
         _check(self.image_shift >= 0, "image_shift", self.image_shift, "use 0 (no shift) or a few pixels, e.g. 4")
         # observation.images.<cam>, or LeRobot's one-camera key observation.image (its Meta-World env's)
-        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX) and k != OBS_IMAGE or k == IMAGE_PREFIX]
+        keys = self.image_keys or []
+        bad = [k for k in keys if not k.startswith(IMAGE_PREFIX) and k != OBS_IMAGE or k == IMAGE_PREFIX]
         _check(not bad, "image_keys", bad,
                f"name cameras by their full key, e.g. '{IMAGE_PREFIX}front' or '{OBS_IMAGE}'")  # fmt: skip
-        unique = len(set(self.image_keys)) == len(self.image_keys)
-        _check(unique, "image_keys", self.image_keys, "list each camera once")
+        _check(len(set(keys)) == len(keys), "image_keys", self.image_keys, "list each camera once")
         _check(self.max_prefix_len >= 16, "max_prefix_len", self.max_prefix_len, "use at least 16 (256 is typical)")
         _check(self.state_bins >= 2, "state_bins", self.state_bins, "use at least 2 (256 is openpi's)")
         _check(self.state_encoding in STATE_ENCODINGS, "state_encoding", self.state_encoding,
@@ -223,13 +243,29 @@ class VLAConfig(PreTrainedConfig):
         return tuple(self.relative_actions)
 
     # --- what LeRobot asks of a policy config ---------------------------------------------------------------
+    def unresolved(self) -> list[str]:
+        """The settings left to be chosen from a dataset (None or "auto"); `vla train` fixes them (vla.defaults)."""
+        names = ("time_horizon", "n_action_steps", "n_obs_steps", "image_keys", "scheduler_decay_steps")
+        return [n for n in names if getattr(self, n) is None] + \
+            [n for n in ("vision_encoder", "relative_actions") if getattr(self, n) == AUTO]  # fmt: skip
+
+    def check_resolved(self, *names: str) -> None:
+        """Raise unless the settings ``names`` (all when none) are fixed: LeRobot's trainer does not choose them."""
+        left = [n for n in self.unresolved() if not names or n in names]
+        if left:
+            raise ValueError(f"VLAConfig.{left[0]} = {getattr(self, left[0])!r} is chosen from the dataset when "
+                             "`vla train` starts; give a value here (e.g. --policy.time_horizon=10 "
+                             "--policy.n_action_steps=5 --policy.n_obs_steps=1)")  # fmt: skip
+
     @property
     def observation_delta_indices(self) -> list[int] | None:
         # n_obs_steps > 1: the last n frames (LeRobot then stacks every observation key; cameras keep their last)
+        self.check_resolved("n_obs_steps")
         return list(range(1 - self.n_obs_steps, 1)) if self.n_obs_steps > 1 else None
 
     @property
     def action_delta_indices(self) -> list[int]:
+        self.check_resolved("time_horizon")
         return list(range(self.time_horizon))  # the chunk: actions t .. t + T - 1
 
     @property
@@ -261,7 +297,7 @@ class VLAConfig(PreTrainedConfig):
             self._reconcile_dim(self.input_features, OBS_STATE, FeatureType.STATE, "state_dim")
         self._reconcile_dim(self.output_features, ACTION, FeatureType.ACTION, "action_dim")
         visual = [k for k, ft in self.input_features.items() if ft.type is FeatureType.VISUAL]
-        for key in self.image_keys:
+        for key in self.image_keys or []:
             if key in self.input_features:
                 continue
             if visual:  # the data names its cameras: an unknown one is a typo, not a new camera

@@ -4,7 +4,7 @@
     vla data record --env metaworld --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128
     vla data record --images --image-format png       # exact PNG frames instead of LeRobot's default video
     vla data record --task mt10 --episodes 50         # MT10's ten tasks into one dataset, 50 episodes each
-    vla data info DIR
+    vla data info DIR                                 # what it holds, what `vla train` would choose, what will hurt
     vla data stats DIR                                # exact frame statistics into meta/stats.json
     vla data convert SRC DST                          # a LeRobot v2.1 dataset -> a new v3.0 one (vla.convert)
 """
@@ -117,7 +117,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
     stats.set_defaults(func=_stats)
 
-    info = sub.add_parser("info", help="describe a LeRobot dataset (episodes, features, recording)")
+    info = sub.add_parser(
+        "info", help="describe a LeRobot dataset: what it holds, what training would choose, what will hurt",
+        description="Describe a LeRobot v3.0 dataset (episodes, frames, features and their names, cameras and their "
+        "sizes), check its files and values, and say what `vla train --dataset_root DIR` would choose from it (chunk "
+        "length from the fps, matched state dims, grippers, state history, held-out split) and what will hurt.",
+    )
     info.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
     info.add_argument("--json", action="store_true", help="print the recording metadata as JSON too")
     info.set_defaults(func=_info)
@@ -172,17 +177,22 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from vla.data import check_values, dataset_info
+    from vla import defaults
+    from vla.config import load_config
+    from vla.data import check_files, check_values, dataset_info
     from vla.videos import check_videos
 
     info = dataset_info(args.root)
     print(info.describe())
     check_videos(info)  # a missing video file: an error naming it, after the description
+    check_files(info)  # a damaged or missing data file: an error naming it and its episodes
     problems = check_values(info)
     for name, problem in problems.items():
         print(f"  WARNING: '{name}' holds NaN or inf: {problem}")
     if not problems:
         print("  values: action and state are finite")
+    # training's own choice (vla.defaults.choose) on the config `vla train --dataset_root DIR` starts from
+    print("\n".join(defaults.describe(info, load_config(args=[f"--dataset_root={info.root}"]))))
     if args.json and info.recording:
         print(json.dumps(info.recording, indent=2))
     return 0
