@@ -7,15 +7,21 @@
       checkpoints/last.json    which checkpoint is the newest
       policy/                  the final policy (EMA weights)
 
-``prepare_run`` is called before any work: a fresh start refuses a folder that already holds a run (unless told to
-overwrite it), a resume names the checkpoint and step it continues from and refuses settings that cannot change
-mid-run, and debris left by a killed save (``.NAME.tmp-*`` / ``.NAME.old-*`` folders) is removed.
+``prepare_run`` is called before any work: it checks that ``output_dir`` can be written; a fresh start refuses a
+folder that already holds a run (unless told to overwrite it), but starts again in place a run that saved nothing to
+resume from (stopped or diverged before its first checkpoint); a resume names the checkpoint and step it continues
+from and refuses settings that cannot change mid-run (paths compared as the folders they name); and debris left by a
+killed save (``.NAME.tmp-*`` / ``.NAME.old-*`` folders) is removed. A save that meets a full disk stops with one line
+naming the folder, the space it needs and the fix (``no_space``); nothing half-written stays.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +38,17 @@ FORMAT_VERSION = 1
 RUN_FILES = (CHECKPOINTS, CONFIG, METRICS, "policy", "loss.png", "heldout.json", "heldout.png", "offline_report.json",
              "offline_report.md", "offline_report.png")
 # Settings a resumed run may change: how long, how often it saves and logs, how it loads data, what it shows.
+# output_dir is the folder being resumed, however it is spelled (a run folder may move).
 CHANGEABLE = {"steps", "save_every", "log_every", "keep_last", "num_workers", "progress", "resume", "overwrite",
-              "mixed_precision", "eval_every", "eval_chunks", "report_chunks"}
+              "mixed_precision", "eval_every", "eval_chunks", "report_chunks", "output_dir"}
+# Settings that name a file or folder: equal when they name the same one (`ds` from /data and `/data/ds` agree).
+PATHS = {"dataset_root", "tokenizer.pretrained_path", "policy.backbone_path", "policy.action_tokenizer_path",
+         "policy.pretrained_path"}
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(OSError):
+    """A write met a full disk; the message names the folder, the space needed and the fix."""
 
 
 def save_checkpoint(run: Path, step: int, policy, optimizer, ema: dict[str, torch.Tensor] | None, keep_last: int = 0) -> Path:
@@ -45,16 +60,23 @@ def save_checkpoint(run: Path, step: int, policy, optimizer, ema: dict[str, torc
     for idx, state in opt_state["state"].items():
         for key, value in state.items():
             tensors[f"{names[idx]}.{key}"] = value.detach().cpu().contiguous()
-    with atomic_directory(target) as tmp:
-        policy.save_pretrained(tmp / "policy")
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
-        save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        if ema is not None:
-            save_file({k: v.contiguous() for k, v in ema.items()}, str(tmp / "ema.safetensors"))
-        state = {"format_version": FORMAT_VERSION, "step": step, "param_groups": opt_state["param_groups"],
-                 "param_names": names}  # fmt: skip
-        atomic_write_text(tmp / "trainer_state.json", json.dumps(state) + "\n")
-    atomic_write_text(run / CHECKPOINTS / LAST, json.dumps({"step": step, "path": target.name}) + "\n")
+    need = _nbytes(policy.state_dict().values()) + _nbytes(tensors.values()) + _nbytes((ema or {}).values())
+    try:
+        with atomic_directory(target) as tmp:
+            policy.save_pretrained(tmp / "policy")
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
+            save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+            if ema is not None:
+                save_file({k: v.contiguous() for k, v in ema.items()}, str(tmp / "ema.safetensors"))
+            state = {"format_version": FORMAT_VERSION, "step": step, "param_groups": opt_state["param_groups"],
+                     "param_names": names}  # fmt: skip
+            atomic_write_text(tmp / "trainer_state.json", json.dumps(state) + "\n")
+        atomic_write_text(run / CHECKPOINTS / LAST, json.dumps({"step": step, "path": target.name}) + "\n")
+    except Exception as err:  # the temporary folder is gone: the last complete checkpoint stays the last
+        full = no_space(err, run, f"the checkpoint of step {step}", need)
+        if full is None:
+            raise
+        raise full from None
     if keep_last > 0:
         for old in sorted((run / CHECKPOINTS).glob("step_*"))[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
@@ -62,9 +84,12 @@ def save_checkpoint(run: Path, step: int, policy, optimizer, ema: dict[str, torc
 
 
 def latest_checkpoint(run: Path) -> Path | None:
+    """The checkpoint ``last.json`` names; without one (a kill between a save's rename and the pointer's write) the
+    newest complete ``step_*`` folder (each is renamed into place whole); None when there is none."""
     pointer = run / CHECKPOINTS / LAST
     if not pointer.is_file():
-        return None
+        done = sorted(p for p in (run / CHECKPOINTS).glob("step_*") if (p / "trainer_state.json").is_file())
+        return done[-1] if done else None
     path = run / CHECKPOINTS / read_json(pointer, "checkpoint pointer")["path"]
     if not (path / "trainer_state.json").is_file():
         raise ValueError(f"{pointer} names {path.name}, which is missing or incomplete; remove {pointer} to resume "
@@ -103,27 +128,31 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
     """
     if resume and overwrite:
         raise ValueError("--resume=true and --overwrite=true contradict each other; choose one")
+    check_writable(run)
     holds = [name for name in RUN_FILES if (run / name).exists()]
+    # A run that saved nothing to resume from (stopped, diverged or out of space before its first checkpoint) left
+    # only its config and first metrics rows: starting it again in place loses nothing.
+    unsaved = bool(holds) and not any((run / CHECKPOINTS).glob("step_*")) and not (run / "policy").exists()
     if not resume:
-        if holds and not overwrite:
+        if holds and not overwrite and not unsaved:
             raise ValueError(f"{run} already holds a run ({', '.join(holds)}); resume it with --resume=true, choose "
                              "another --output_dir, or replace it with --overwrite=true")  # fmt: skip
-        for name in holds:  # --overwrite: the old run goes entirely, so nothing mixes
-            path = run / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-        remove_debris(run)
+        if unsaved and not overwrite:
+            log(f"{run} holds a run that saved no checkpoint ({', '.join(holds)}): starting it again from step 0")
+        _remove(run, holds)
         return None
     checkpoint = latest_checkpoint(run)
+    if checkpoint is None and unsaved:  # nothing to continue, so nothing to keep: the run starts again as given
+        log(f"{run} holds a run that saved no checkpoint ({', '.join(holds)}): starting it again from step 0")
+        _remove(run, holds)
+        return None
     if checkpoint is None:
+        if holds:
+            raise ValueError(f"--resume=true but {run} holds no checkpoint to resume from (it holds "
+                             f"{', '.join(holds)}); replace the run with --overwrite=true, or choose another "
+                             "--output_dir")  # fmt: skip
         raise ValueError(f"--resume=true but {run / CHECKPOINTS} holds no checkpoint; drop --resume to start fresh")
-    saved = read_json(run / CONFIG, "the run's config") if (run / CONFIG).is_file() else None
-    if saved is not None:
-        new, old = _flatten(encoded), _flatten(saved)
-        changed = sorted(k for k in new.keys() | old.keys() if k.split(".")[0] not in CHANGEABLE and new.get(k) != old.get(k))
-        if changed:
-            detail = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:6])
-            raise ValueError(f"--resume=true with settings that cannot change mid-run ({detail}); resume with the "
-                             f"run's own settings (see {run / CONFIG}), or start a new run in another --output_dir")  # fmt: skip
+    _check_unchanged(run, encoded)
     for path in remove_debris(run):
         log(f"removed {path.name}, left by an interrupted save")
     step = read_json(checkpoint / "trainer_state.json", "checkpoint")["step"]
@@ -133,6 +162,110 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
         rows = [line for line in metrics.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
         atomic_write_text(metrics, "".join(line + "\n" for line in rows))
     return checkpoint
+
+
+def _remove(run: Path, names: list[str]) -> None:
+    """Delete the old run's files (all of them, so nothing mixes) and any debris of interrupted saves."""
+    for name in names:
+        path = run / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    remove_debris(run)
+
+
+def _check_unchanged(run: Path, encoded: dict[str, Any]) -> None:
+    """Refuse a resume whose settings differ from the run's own, but for those that may change (``CHANGEABLE``);
+    paths are compared as the folders they name, resolved from the working directory."""
+    saved = read_json(run / CONFIG, "the run's config") if (run / CONFIG).is_file() else None
+    if saved is None:
+        return
+    new, old = _flatten(encoded), _flatten(saved)
+    changed = sorted(k for k in new.keys() | old.keys()
+                     if k.split(".")[0] not in CHANGEABLE and not _same(k, old.get(k), new.get(k)))  # fmt: skip
+    if changed:
+        detail = "; ".join(_change(k, old.get(k), new.get(k)) for k in changed[:6])
+        raise ValueError(f"--resume=true with settings that cannot change mid-run ({detail}); resume with the "
+                         f"run's own settings (see {run / CONFIG}), or start a new run in another --output_dir")  # fmt: skip
+
+
+def _resolved(value: Any) -> Any:
+    return str(Path(os.path.expanduser(value)).resolve()) if isinstance(value, str) and value else value
+
+
+def _same(key: str, old: Any, new: Any) -> bool:
+    return old == new or key in PATHS and _resolved(old) == _resolved(new)
+
+
+def _change(key: str, old: Any, new: Any) -> str:
+    """``key: old -> new``, with the folders the paths name when their spellings hide them."""
+    line = f"{key}: {old!r} -> {new!r}"
+    if key in PATHS and isinstance(old, str) and isinstance(new, str):
+        shown = [f"{v!r} is {_resolved(v)}" for v in (old, new) if _resolved(v) != v]
+        line += f" (different folders{': ' + ', '.join(shown) if shown else ''})"
+    return line
+
+
+def check_writable(run: Path) -> None:
+    """Refuse an ``output_dir`` that cannot become a folder here (a file, under a file, unwritable), naming the path
+    and the fix, before any work and without leaving anything (the probe is a temporary folder, removed)."""
+    if run.exists() and not run.is_dir():
+        raise ValueError(f"--output_dir {run} is a file, not a folder; choose another --output_dir")
+    existing = run
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ValueError(f"--output_dir {run} cannot be created: {existing} is a file, not a folder; choose another "
+                         "--output_dir (or move that file)")  # fmt: skip
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".vla-write-check-", dir=existing))
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ValueError(f"--output_dir {run} cannot be written: {existing} refuses new files ({reason}); choose a "
+                         "folder you can write (e.g. outputs/train/NAME), or give yourself write access to "
+                         f"{existing}") from None  # fmt: skip
+
+
+def no_space(err: BaseException, run: Path, what: str, need: int | None = None) -> OSError | None:
+    """The one-line error for a write that met a full disk (or quota), naming the folder, the space ``what`` needs
+    (bytes, when known), the space left and the fix; None when ``err`` is something else. safetensors reports a
+    full disk as its own error type, recognised by the OS's words."""
+    if isinstance(err, DiskFull):  # already says what it needed
+        return err
+    text = str(err)
+    if not (isinstance(err, OSError) and err.errno in NO_SPACE
+            or "No space left" in text or "StorageFull" in text or "Disk quota exceeded" in text):  # fmt: skip
+        return None
+    folder = run
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    try:
+        last = latest_checkpoint(run)
+    except ValueError:
+        last = None
+    kept = (f"the last checkpoint ({last.relative_to(run)}) is intact" if last is not None
+            else "no checkpoint was written yet")  # fmt: skip
+    again = "resume with --resume=true" if last is not None else "run the same command again"
+    full = DiskFull(f"no space left on the disk of {run} to write {what}: it needs about "
+                   f"{_size(need) if need else 'more than is free'}, {_size(free)} are free; nothing was half-written "
+                   f"and {kept}. Free space there (older runs, or --keep_last=1 to keep fewer checkpoints) or move the "
+                   f"run folder to a disk with room, then {again}")  # fmt: skip
+    full.errno = errno.ENOSPC
+    return full
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _size(n: float) -> str:
+    """Bytes as B / KB / MB / GB, one decimal."""
+    units = ["B", "KB", "MB", "GB", "TB"]
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
+        n, i = n / 1024, i + 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -43,16 +44,18 @@ from vla.checkpoints import (
     METRICS,
     latest_checkpoint,
     load_checkpoint,
+    no_space,
     prepare_run,
     save_checkpoint,
 )
-from vla.config import TrainConfig, load_config, resolve_action_state
+from vla.config import TrainConfig, load_config, resolve_action_state, tokenizer_config
 from vla.dataset import ActionChunkDataset, choose_backend
 from vla.fit import NORMALIZER_FILE
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, read_json
 from vla.heldout import CURVES, Heldout, plot_curves, write_report
 from vla.pipeline import Collate, RelativeActions
 from vla.policy import VLAPolicy
+from vla.policy.modeling_vla import CONFIG_FILE, TOKENIZER_DIR, check_dataset_fits, check_same_policy, load_policy_config
 from vla.stats import array_stats, frame_stats
 from vla.text import prompt_words
 
@@ -107,7 +110,10 @@ class StepBatchSampler(Sampler[list[int]]):
 def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
     """Normalisers from the training frames, the tokenizer fitted on the training episodes' chunks, a new model.
     With relative actions both the action normaliser and the tokenizer are fitted on what the model predicts: the
-    training chunks relative to their first frame's state (openpi computes its norm stats after DeltaActions too)."""
+    training chunks relative to their first frame's state (openpi computes its norm stats after DeltaActions too).
+    With ``policy.pretrained_path`` (``--policy.path``) the saved policy instead (``finetune_policy``)."""
+    if cfg.policy.pretrained_path is not None:
+        return finetune_policy(cfg, info, train_episodes)
     horizon = cfg.policy.time_horizon
     stateless = cfg.policy.state_dim == 0 or info.state_dim is None  # an image-only policy
     # The compact vocabulary gives the prompt's words one id each (PaliGemma's own tokenizer already does).
@@ -139,6 +145,41 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
         action_norm = at.Normalizer.load(pretrained / NORMALIZER_FILE)
     tokenizer = cfg.tokenizer.build(action_norm.normalize(chunks))
     return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=action_norm, state_normalizer=state_norm)
+
+
+def finetune_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
+    """The saved policy at ``cfg.policy.pretrained_path``, to train further: its weights, tokenizer and normalisers as
+    saved (the weights learnt those action ids and normalised ranges; refitting either would change what they mean),
+    with ``cfg.policy`` (the folder's config and the command line's optimiser, schedule or decoding changes). Prints
+    how much of the new data falls outside the normalised range the tokenizer was fitted on."""
+    path = Path(cfg.policy.pretrained_path)
+    policy = VLAPolicy.from_pretrained(path, config=cfg.policy)
+    chunks, _ = data.action_chunks(info, policy.config.time_horizon, episodes=train_episodes)
+    mask = policy.config.relative_mask()
+    if mask is not None:  # the policy predicts actions relative to the state: what its normaliser saw
+        states = data.chunk_states(info, episodes=train_episodes)
+        relative = RelativeActions(mask, tuple(policy.config.action_state_dims))
+        chunks = relative({ACTION: chunks, OBS_STATE: states})[ACTION]
+    outside = float(np.mean(np.abs(policy.action_normalizer.normalize(chunks)) > 1))
+    print(f"fine-tuning {path}: its weights, {policy.action_tokenizer.name} tokenizer and normalisers kept; "
+          f"{outside:.1%} of the new training actions fall outside [-1, 1] once normalised")  # fmt: skip
+    return policy
+
+
+def check_finetuning(cfg: TrainConfig, info: data.DatasetInfo) -> None:
+    """Before any change to the run folder: ``policy.pretrained_path`` is a saved policy whose settings are
+    ``cfg.policy``'s, and the dataset has its action and state dimensions and cameras."""
+    path = Path(cfg.policy.pretrained_path)
+    if not (path / CONFIG_FILE).is_file():
+        inside = " (the run's policy is in its policy/ folder)" if (path / "policy" / CONFIG_FILE).is_file() else ""
+        raise ValueError(f"--policy.path {path} is not a saved policy (no {CONFIG_FILE}){inside}; pass a policy "
+                         "folder, e.g. outputs/train/NAME/policy")  # fmt: skip
+    saved = load_policy_config(path)
+    try:
+        check_same_policy(saved, cfg.policy, path)
+    except ValueError as err:
+        raise ValueError(f"{err}. (--policy.path=DIR on the command line starts from the folder's own config)") from None
+    check_dataset_fits(saved, info.features, path, info.root)
 
 
 def task_weights(dataset: ActionChunkDataset) -> np.ndarray:
@@ -221,6 +262,11 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {world} processes")
     run = Path(cfg.output_dir)
     info = data.dataset_info(cfg.dataset_root)  # meta/ read once, passed on
+    saved_policy = cfg.policy if cfg.policy.pretrained_path is not None else None  # fine-tuning (--policy.path)
+    if saved_policy is not None and not cfg.resume:  # the saved policy fits the data: checked before any change
+        check_finetuning(cfg, info)
+    if saved_policy is not None:  # a saved policy's settings stand as trained: nothing is chosen for them
+        cfg = dataclasses.replace(cfg, policy=saved_policy)
     train_eps, heldout_eps = data.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
 
     encoded = draccus.encode(cfg)
@@ -315,10 +361,12 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                               if not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]))), None)  # fmt: skip
             if first_bad is not None:  # nothing after it is saved: the last checkpoint stays the last good one
                 last = sorted((run / CHECKPOINTS).glob("step_*"))
+                again = ("start again with --overwrite=true or in another --output_dir" if last else
+                         "run again in place (the folder holds no checkpoint, so it starts over)")  # fmt: skip
                 raise Diverged(
                     f"training diverged at step {first_bad}: the loss or the gradient norm is not finite; the last "
                     f"good checkpoint is {last[-1] if last else 'none (none was saved yet)'}. Lower "
-                    "--policy.optimizer_lr (or raise --policy.scheduler_warmup_steps) and start again"
+                    f"--policy.optimizer_lr (or raise --policy.scheduler_warmup_steps) and {again}"
                 )
             losses.extend(r["loss"] for r in rows)
             row = {"step": step, **rows[-1], "lr": scheduler.get_last_lr()[0],
@@ -404,7 +452,92 @@ def add_cli(subparsers) -> None:
 def _run(args) -> int:
     from accelerate import PartialState
 
-    summary = main(load_config(args=list(getattr(args, "extra", []))))  # draccus reads --config_path itself
+    cfg = parse_args(list(getattr(args, "extra", [])))  # draccus reads --config_path itself
+    try:
+        summary = main(cfg)
+    except KeyboardInterrupt as err:  # Ctrl-C: where the run stands and how to go on, not a traceback
+        if PartialState().is_main_process:
+            print(f"vla train: {stopped(cfg, _step_of(err))}", file=sys.stderr)
+        return 130
+    except Exception as err:  # any write that met a full disk (metrics, the final policy): the folder and the fix
+        full = no_space(err, Path(cfg.output_dir), "the run's files")
+        if full is None:
+            raise
+        raise full from None
     if PartialState().is_main_process:  # one line per run, not one per process
         print(f"final loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s; policy in {summary['policy_path']}")
     return 0
+
+
+def parse_args(argv: list[str]) -> TrainConfig:
+    """``load_config``, and LeRobot's ``--policy.path=DIR`` (or ``--policy.pretrained_path``) for fine-tuning: the
+    saved policy's ``config.json`` becomes the policy's config, with the command line's ``--policy.*`` options on top
+    (the YAML's ``policy:`` section is not used), and its tokenizer is the run's (``--tokenizer.*`` is refused)."""
+    options = _options(argv)
+    paths = [value for flag, value in options if flag in ("--policy.path", "--policy.pretrained_path")]
+    if not paths:
+        return load_config(args=argv)
+    path = Path(paths[-1])
+    given = [f for f, _ in options if f.startswith("--tokenizer.")]
+    if given:
+        raise ValueError(f"{given[0]} does not apply with --policy.path: fine-tuning keeps the policy's own tokenizer "
+                         f"({path / TOKENIZER_DIR}); drop the --tokenizer options, or train a new policy without "
+                         "--policy.path")  # fmt: skip
+    if not (path / CONFIG_FILE).is_file():
+        inside = " (the run's policy is in its policy/ folder)" if (path / "policy" / CONFIG_FILE).is_file() else ""
+        raise ValueError(f"--policy.path {path} is not a saved policy (no {CONFIG_FILE}){inside}; pass a policy "
+                         "folder, e.g. outputs/train/NAME/policy")  # fmt: skip
+    policy_options = [(f, v) for f, v in options if f.startswith("--policy.") and f not in ("--policy.path",
+                                                                                           "--policy.pretrained_path")]  # fmt: skip
+    rest = [f"{f}={v}" if v is not None else f for f, v in options if not f.startswith("--policy.")]
+    cfg = load_config(args=rest)
+    overrides = [f"--{f.removeprefix('--policy.')}={v}" for f, v in policy_options]
+    if not any(f == "--policy.device" for f, _ in policy_options):
+        overrides.insert(0, "--device=null")  # chosen here (a GPU when there is one), not the machine it was saved on
+    policy = load_policy_config(path, [*overrides, f"--pretrained_path={path}"])
+    kind = read_json(path / TOKENIZER_DIR / "action_tokenizer.json", "action tokenizer").get("type", "fast")
+    return dataclasses.replace(cfg, policy=policy, tokenizer=tokenizer_config(kind, pretrained_path=str(path / TOKENIZER_DIR)))
+
+
+def _options(argv: list[str]) -> list[tuple[str, str | None]]:
+    """``--flag=value`` and ``--flag value`` as (flag, value) pairs (value None for a bare flag)."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if "=" in arg:
+            flag, value = arg.split("=", 1)
+            out.append((flag, value))
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append((arg, argv[i + 1]))
+            i += 1
+        else:
+            out.append((arg, None))
+        i += 1
+    return out
+
+
+def stopped(cfg: TrainConfig, step: int | None) -> str:
+    """What a Ctrl-C at ``step`` leaves: the checkpoint a resume continues from, or that none was written."""
+    run = Path(cfg.output_dir)
+    try:
+        last = latest_checkpoint(run)
+    except ValueError:
+        last = None
+    at = f"stopped at step {step} (Ctrl-C)" if step else "stopped (Ctrl-C) before the first step"
+    if last is None:
+        before = f", before the first checkpoint (every {cfg.save_every} steps)," if step else ";"
+        return f"{at}{before} so no checkpoint was written; the same command starts the run again in {run}"
+    saved = read_json(last / "trainer_state.json", "checkpoint")["step"]
+    redone = ("nothing is redone" if step is None or step <= saved else f"step {step} is redone" if step == saved + 1
+              else f"steps {saved + 1}-{step} are redone")  # fmt: skip
+    return f"{at}; the last checkpoint is step {saved} ({last}): resume with --resume=true ({redone})"
+
+
+def _step_of(err: BaseException) -> int | None:
+    """The step ``main`` had finished when ``err`` went through it (read from its frame in the traceback)."""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is main.__code__:
+            return tb.tb_frame.f_locals.get("step")
+        tb = tb.tb_next
+    return None

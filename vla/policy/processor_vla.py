@@ -2,8 +2,13 @@
 its naming convention), the normalisation steps they hold, and the check that a folder's processor files name only
 these steps. LeRobot's own commands find the policy through the plugin distribution in ``plugin/``.
 
-    pre:  rename -> batch -> vla_normalizer_processor (state, action) -> device
-    post: vla_unnormalizer_processor (action) -> cpu
+    pre:  rename -> batch -> normalizer_processor (LeRobot's, identity) -> vla_normalizer_processor (state, action)
+          -> device
+    post: unnormalizer_processor (LeRobot's, identity) -> vla_unnormalizer_processor (action) -> cpu
+
+LeRobot's own normaliser steps are there, mapping every feature type to IDENTITY (``VLAConfig.normalization_mapping``),
+only so that ``lerobot-train --policy.path=DIR`` can load the folder: it passes the new dataset's statistics to steps of
+those names and refuses a pipeline that has none. With IDENTITY they change nothing, whatever statistics they hold.
 
 The normalisation steps apply the policy's own ``action_tokenizers.Normalizer`` (in float64), so LeRobot's pipelines
 (``lerobot-train``, ``lerobot-eval``, ``lerobot-record``) normalise exactly as ``vla``'s own path does. They are ours
@@ -28,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lerobot.configs import NormalizationMode
 from lerobot.processor import ProcessorStep, ProcessorStepRegistry, TransitionKey
 from lerobot.utils.constants import ACTION, OBS_STATE
 
@@ -42,7 +48,9 @@ NORMALIZER_STEP, UNNORMALIZER_STEP = "vla_normalizer_processor", "vla_unnormaliz
 # The steps make_vla_pre_post_processors writes. LeRobot's DataProcessorPipeline.from_pretrained imports and calls any
 # class a processor file names, so a folder whose files name anything else is refused before LeRobot reads it.
 KNOWN_STEPS = ("rename_observations_processor", "to_batch_processor", NORMALIZER_STEP, "device_processor",
-               UNNORMALIZER_STEP)  # fmt: skip
+               UNNORMALIZER_STEP, "normalizer_processor", "unnormalizer_processor")  # fmt: skip
+LEROBOT_NORMALIZERS = ("normalizer_processor", "unnormalizer_processor")  # accepted only as identity (above)
+STEP_KEYS = {"registry_name", "config", "state_file"}  # what LeRobot writes for a registered step
 
 
 @dataclass
@@ -123,19 +131,41 @@ class VLAUnnormalizerProcessorStep(_Normalization, ProcessorStep):
 
 
 def check_processor_files(folder: str | Path) -> None:
-    """Refuse processor files that name steps other than this policy's own (code would run on load otherwise)."""
+    """Refuse processor files that name steps other than this policy's own (code would run on load otherwise): each
+    step must be a registered one of ``KNOWN_STEPS``, with no ``class`` to import, and LeRobot's normaliser steps
+    must map every feature to IDENTITY (else the batch would be normalised twice)."""
     for name in PROCESSOR_FILES:
         path = Path(folder) / name
         if not path.is_file():
             continue
         steps = read_json(path, "LeRobot processor pipeline").get("steps", [])
-        for step in steps if isinstance(steps, list) else [steps]:
+        for i, step in enumerate(steps if isinstance(steps, list) else [steps]):
             registry = step.get("registry_name") if isinstance(step, dict) else None
-            if registry not in KNOWN_STEPS or (isinstance(step, dict) and "class" in step):
+            where = f"{path}: step {i}" + (f" ({registry!r})" if registry else "")
+            if isinstance(step, dict) and "class" in step:
+                raise ValueError(
+                    f"{where} carries a 'class' entry ({step['class']!r}), which a VLA policy never writes: loading "
+                    "the folder through LeRobot would import and run that code. Do not load this folder; save the "
+                    "policy again with vla"
+                )
+            if registry not in KNOWN_STEPS:
                 raise ValueError(
                     f"{path} names the processor step {step if registry is None else registry!r}, which a VLA policy "
                     f"never writes (its steps: {', '.join(KNOWN_STEPS)}); loading it through LeRobot would import and "
                     "run that code. Do not load this folder; save the policy again with vla"
+                )
+            extra = sorted(set(step) - STEP_KEYS)
+            if extra:
+                raise ValueError(f"{where} carries {', '.join(map(repr, extra))}, which a VLA policy never writes "
+                                 f"(a step holds {', '.join(sorted(STEP_KEYS))}); save the policy again with vla")  # fmt: skip
+            norm_map = (step.get("config") or {}).get("norm_map") if isinstance(step.get("config"), dict) else None
+            if registry in LEROBOT_NORMALIZERS and not (
+                isinstance(norm_map, dict) and norm_map and all(v == "IDENTITY" for v in norm_map.values())
+            ):
+                raise ValueError(
+                    f"{where} is LeRobot's normaliser with norm_map {norm_map!r}; a VLA policy never writes it other "
+                    "than as identity (its own vla_normalizer_processor normalises; LeRobot's would do it twice). "
+                    "Set every norm_map entry to \"IDENTITY\", or save the policy again with vla"
                 )
 
 
@@ -161,9 +191,15 @@ def make_vla_pre_post_processors(
     steps = make_default_policy_processor_steps(config, None)
     normalize = [VLANormalizerProcessorStep.of(normalizers)] if normalizers else []
     unnormalize = [VLAUnnormalizerProcessorStep.of({ACTION: normalizers[ACTION]})] if normalizers else []
+    identity = {k: v for k, v in config.normalization_mapping.items() if v is not NormalizationMode.IDENTITY}
+    if identity:  # LeRobot's steps (below) would normalise what ours already normalised
+        raise ValueError(f"VLAConfig.normalization_mapping maps {', '.join(identity)} to "
+                         f"{', '.join(v.value for v in identity.values())}; the policy normalises with its own "
+                         "normalisers (action_norm_mode, state_norm_mode): leave every entry IDENTITY")  # fmt: skip
+    # LeRobot's normaliser steps, identity: lerobot-train --policy.path=DIR hands the new dataset's stats to them.
     return make_policy_processor_pipelines(
-        input_steps=[steps.rename_observations, steps.add_batch_dim, *normalize, steps.to_device],
-        output_steps=[*unnormalize, steps.to_cpu],
+        input_steps=[steps.rename_observations, steps.add_batch_dim, steps.normalize, *normalize, steps.to_device],
+        output_steps=[steps.unnormalize, *unnormalize, steps.to_cpu],
     )
 
 
