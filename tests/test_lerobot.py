@@ -218,6 +218,53 @@ def test_stock_lerobot_train_fits_a_tokenizer_then_vla_eval_on_its_checkpoint(ti
 
 
 @pytest.mark.slow
+def test_stock_lerobot_train_fine_tunes_a_saved_policy(tiny_dataset_root, tmp_path):
+    """``lerobot-train --policy.path=DIR``: LeRobot hands the new dataset's stats to steps named like its own
+    normalisers, which the folder holds as identity; the policy's weights, tokenizer and normalisers are the folder's."""
+    from safetensors.torch import load_file
+
+    from vla import train
+    from vla.config import TrainConfig, tokenizer_config
+    from vla.policy import VLAConfig, VLAPolicy
+
+    cfg = TrainConfig(dataset_root=str(tiny_dataset_root), output_dir=str(tmp_path / "source"), steps=2, batch_size=4,
+                      tokenizer=tokenizer_config("bin", n_bins=64), save_every=2, log_every=1, progress=False,
+                      policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"))  # fmt: skip
+    source = Path(train.main(cfg)["policy_path"])
+    out = tmp_path / "run"
+    args = [_bin("lerobot-train"), f"--policy.path={source}", "--policy.device=cpu", "--policy.optimizer_lr=1e-9",
+            "--policy.scheduler_decay_lr=0", "--dataset.repo_id=local/push", f"--dataset.root={tiny_dataset_root}",
+            f"--output_dir={out}", "--steps=2", "--batch_size=4", "--num_workers=0", "--save_freq=2", "--log_freq=1",
+            "--wandb.enable=false"]  # fmt: skip
+    done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkpoint = out / "checkpoints" / "000002" / "pretrained_model"
+    for name in ("action_tokenizer/action_tokenizer.json", "action_normalizer.json", "state_normalizer.json"):
+        assert (checkpoint / name).read_bytes() == (source / name).read_bytes(), name
+    a, b = load_file(str(source / "model.safetensors")), load_file(str(checkpoint / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)  # lr 1e-9: it trained from the saved weights
+    loaded = VLAPolicy.from_pretrained(checkpoint)  # LeRobot's saved pipelines pass the folder check
+    assert loaded.config.pretrained_path is not None and loaded.action_tokenizer.name == "bin"
+
+
+def test_lerobots_factory_refuses_a_dataset_of_other_dimensions(tmp_path):
+    """What ``lerobot-train --policy.path=DIR`` on another robot's data meets, before the first batch."""
+    from vla.policy import VLAPolicy
+    from vla.policy.modeling_vla import load_policy_config
+
+    policy = _policy_with_a_constant_state_dim()  # 5-D state, 3-D actions
+    policy.save_pretrained(tmp_path / "ckpt")
+
+    class Meta:  # LeRobotDatasetMetadata's part the factory passes on: info.json's features
+        root = tmp_path / "toy"
+        features = {"observation.state": {"dtype": "float32", "shape": [2]}, "action": {"dtype": "float32", "shape": [2]}}
+
+    config = load_policy_config(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"reads and writes 3-D actions, 5-D state, but .*toy has 2-D actions, 2-D state"):
+        VLAPolicy.from_pretrained(tmp_path / "ckpt", config=config, dataset_meta=Meta())
+
+
+@pytest.mark.slow
 def test_stock_lerobot_eval_scores_a_policy_trained_on_a_lerobot_recording(tmp_path):
     """A state-only recording in LeRobot's convention (agent_pos: recording LeRobot's 480 px image costs ~1 s a
     frame here), the stock lerobot-train, then LeRobot's evaluator on its own Meta-World env."""

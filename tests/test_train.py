@@ -149,3 +149,60 @@ def test_weighted_step_sampler_draws_by_weight_and_resumes():
     with pytest.raises(ValueError, match="sampling weights"):
         train.StepBatchSampler(10, 4, seed=1, start_step=0, steps=5, weights=np.zeros(10))
 
+
+
+# --- fine-tuning a saved policy (vla train --policy.path=DIR) -------------------------------------------------------
+FINETUNE = ["--heldout_episodes=0", "--batch_size=4", "--save_every=2", "--log_every=1", "--progress=false",
+            "--steps=2"]  # fmt: skip
+
+
+def test_finetuning_starts_from_the_saved_weights_and_keeps_tokenizer_and_normalisers(tiny_dataset_root, tmp_path,
+                                                                                        capsys):  # fmt: skip
+    from vla.cli import main
+
+    source = train.main(config(tiny_dataset_root, tmp_path / "source", steps=2))["policy_path"]
+    out = tmp_path / "finetuned"
+    # a learning rate that barely moves the weights: what comes out is what went in, so training started from it
+    assert main(["train", f"--policy.path={source}", f"--dataset_root={tiny_dataset_root}", f"--output_dir={out}",
+                 "--policy.optimizer_lr=1e-9", "--policy.scheduler_decay_lr=0", *FINETUNE]) == 0  # fmt: skip
+    assert f"fine-tuning {source}: its weights, fast tokenizer and normalisers kept" in capsys.readouterr().out
+    for name in ("action_tokenizer/action_tokenizer.json", "action_tokenizer/bpe.json", "action_normalizer.json",
+                 "state_normalizer.json"):  # fmt: skip
+        assert (out / "policy" / name).read_bytes() == (tmp_path / "source" / "policy" / name).read_bytes(), name
+    a = load_file(str(tmp_path / "source" / "policy" / "model.safetensors"))
+    b = load_file(str(out / "policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    saved = json.loads((out / "train_config.json").read_text())  # what the run was: recorded truthfully
+    assert saved["policy"]["pretrained_path"] == source and saved["policy"]["optimizer_lr"] == 1e-9
+    assert saved["tokenizer"] == {**saved["tokenizer"], "type": "fast", "pretrained_path": f"{source}/action_tokenizer"}
+    assert json.loads((out / "policy" / "config.json").read_text())["time_horizon"] == 4  # the saved policy's
+    # the same command resumes it (the folder's config is rebuilt the same way)
+    assert main(["train", f"--policy.path={source}", f"--dataset_root={tiny_dataset_root}", f"--output_dir={out}",
+                 "--policy.optimizer_lr=1e-9", "--policy.scheduler_decay_lr=0", *FINETUNE[:-1], "--steps=4",
+                 "--resume=true"]) == 0  # fmt: skip
+
+
+def test_finetuning_refuses_what_the_saved_policy_cannot_take(tiny_dataset_root, tmp_path, capsys):
+    from vla.cli import main
+    from vla.sim.record import record
+
+    source = train.main(config(tiny_dataset_root, tmp_path / "source", steps=2))["policy_path"]
+    toy = tmp_path / "toy"  # another robot: a 2-D state and 2-D actions
+    record("toy/obstacle", 2, toy, progress=False)
+    out = tmp_path / "finetuned"
+    cases = [
+        ([f"--dataset_root={toy}"], f"the policy at {source} reads and writes 4-D actions, 39-D state, but {toy} has "
+                                    "2-D actions, 2-D state; fine-tune it on data of the same robot"),
+        ([f"--dataset_root={tiny_dataset_root}", "--policy.time_horizon=6"],
+         f"the policy at {source} was trained with other settings than the config given (time_horizon: 4 -> 6)"),
+        ([f"--dataset_root={tiny_dataset_root}", "--tokenizer.type=bin"],
+         "--tokenizer.type does not apply with --policy.path: fine-tuning keeps the policy's own tokenizer"),
+    ]  # fmt: skip
+    for args, expected in cases:
+        assert main(["train", f"--policy.path={source}", f"--output_dir={out}", *args, *FINETUNE]) == 1
+        err = capsys.readouterr().err.strip()
+        assert expected in err and len(err.splitlines()) == 1, err
+        assert not out.exists()  # refused before anything was written
+    assert main(["train", f"--policy.path={tmp_path / 'source'}", f"--dataset_root={tiny_dataset_root}",
+                 f"--output_dir={out}", *FINETUNE]) == 1  # the run folder, not its policy/  # fmt: skip
+    assert "(the run's policy is in its policy/ folder)" in capsys.readouterr().err and not out.exists()
