@@ -16,6 +16,7 @@ Modules: ``codec`` (openpi's msgpack-numpy format, safe to read from strangers),
 ``ServeConfig``), ``client`` (``PolicyClient``, ``ChunkExecutor``, ``Rate``, ``action_jerk``), ``cli`` (``vla serve``),
 ``robot`` (Meta-World in real time as a robot: ``python -m vla.serve.robot --port 8000``).
 The robot side needs only numpy, msgpack and websockets: the server's names (which bring torch) load on first use.
+The protocol, the state history of an ``n_obs_steps`` policy, the limits and the faults: ``docs/serving.md``.
 """
 
 from .client import ChunkExecutor, ExecutorStats, PolicyClient, Rate, ServerError, action_jerk

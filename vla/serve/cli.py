@@ -43,7 +43,15 @@ def add_cli(subparsers) -> None:
     p.add_argument("--max-queue", type=int, default=d.max_queue, help="requests waiting; more are answered 'busy'")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
     p.add_argument("--max-message-mb", type=float, default=d.max_message_bytes / 2**20, help="message size limit")
-    p.add_argument("--max-clients", type=int, default=d.max_clients)
+    p.add_argument("--max-clients", type=int, default=d.max_clients, help="connections beyond this get HTTP 503")
+    p.add_argument("--max-clients-per-ip", type=int, default=None,
+                   help="connections one address may hold (default: half of --max-clients); robots behind one NAT or "
+                   "proxy share an address: raise it to --max-clients")  # fmt: skip
+    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s,
+                   help="seconds a connection may send nothing before it is closed (its slot freed)")  # fmt: skip
+    p.add_argument("--history-reset", type=float, default=d.history_reset_s,
+                   help="n_obs_steps > 1, one state a message: a longer gap between a connection's messages starts "
+                   "its state history again")  # fmt: skip
     p.add_argument("--key", action="append", default=[], metavar="CLIENT=POLICY",
                    help="rename an observation key the robot sends to the policy's (repeatable)")  # fmt: skip
     p.add_argument("--device", default=None, help="torch device for the policy (default: the saved config's)")
@@ -56,7 +64,6 @@ def _run(args: argparse.Namespace) -> int:
 
     from vla.policy import VLAPolicy
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.policy.is_dir():
@@ -65,8 +72,13 @@ def _run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         host=args.host, port=args.port, api_key=args.api_key, max_batch=args.max_batch,
         batch_window_ms=args.batch_window_ms, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
-        max_message_bytes=int(args.max_message_mb * 2**20), max_clients=args.max_clients, keys=_key_map(args.key),
+        max_message_bytes=int(args.max_message_mb * 2**20), max_clients=args.max_clients,
+        max_clients_per_ip=args.max_clients_per_ip, idle_timeout_s=args.idle_timeout,
+        history_reset_s=args.history_reset, keys=_key_map(args.key),
     )  # fmt: skip
+    # once the settings hold; force: an import above installs a WARNING-level handler, which would hide
+    # "serving on ws://HOST:PORT" (the port chosen for --port 0)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     policy = VLAPolicy.from_pretrained(args.policy)
     if args.device:
         policy.to(args.device)
@@ -75,6 +87,10 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning("serving on %s without an API key: anyone who can reach it can drive "
                                             "the policy (pass --api-key)", config.host)  # fmt: skip
     print(f"vla serve: {args.policy} on ws://{config.host}:{config.port} (GET /healthz); Ctrl-C stops", flush=True)
+    if policy.config.n_obs_steps > 1:
+        n, s = policy.config.n_obs_steps, policy.config.state_dim
+        print(f"vla serve: the policy reads the last {n} states: send [{n}, {s}] oldest first, or [{s}] a message with "
+              f"'reset': true on an episode's first (the server keeps each connection's last {n})", flush=True)
     PolicyServer(policy, config).run()
     return 0
 

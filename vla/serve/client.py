@@ -16,6 +16,9 @@ the tick it was taken at. When that chunk arrives ``d`` ticks later, its first `
 have passed: they are dropped (counted as ``stale``) and the chunk is executed from action ``d``, replacing what was
 left of the old one. If a chunk is late (the current one is used up and nothing new has come), the last action is
 held and counted (``held``): never zeros, which would mean "go to the zero pose" to an absolute-position robot.
+For a policy that reads a state history (``n_obs_steps`` = n > 1, from the server's metadata), the executor keeps
+the last n states of the episode at the control rate (``vla.execution.StateHistory``, every tick, so the frames are
+as far apart as in training) and sends them as ``[n, S]``, oldest first, with each request.
 ``mode="sync"`` is the baseline (openpi's ``ActionChunkBroker`` in a real-time world): ask only when the chunk is used
 up, hold the last action while waiting, execute the new chunk from its start. A failed request (server down) counts
 as an error, the last action is held, and the request is sent again on the next tick.
@@ -38,6 +41,8 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from vla.execution import StateHistory  # plain Python: the robot side still needs no torch
+
 from .codec import packb, unpackb
 
 logger = logging.getLogger(__name__)
@@ -48,6 +53,9 @@ logger = logging.getLogger(__name__)
 _CONNECT_EXTRAS = {
     k: v for k, v in {"proxy": None, "legacy": True}.items() if k in inspect.signature(connect).parameters
 }
+
+
+STATE_KEYS = ("observation.state", "observation/state", "state")  # where a state may be, as the server reads it
 
 
 class ServerError(RuntimeError):
@@ -106,7 +114,8 @@ class PolicyClient:
                 if status in (401, 403):
                     raise PermissionError(f"{self.uri} refused the connection ({status}): pass the server's "
                                           "api_key") from None  # fmt: skip
-                last = err
+                body = (err.response.body or b"").decode("utf-8", "replace").strip()
+                last = f"it answered HTTP {status}" + (f": {body}" if body else "")  # 503: which limit, and the fix
             except (OSError, ConnectionClosed, TimeoutError) as err:
                 last = err
             if time.monotonic() + delay > deadline:
@@ -213,7 +222,11 @@ class ChunkExecutor:
     ``k``: ask for the next chunk when this many actions are left (``None``: the measured round trip in ticks, plus
     one, from a running median; half the chunk before the first measurement). ``horizon``: the most actions used from
     one chunk (default: all of it; sync mode with the policy's ``n_action_steps`` is ``vla eval``'s schedule).
-    ``mode``: ``"overlapped"`` or ``"sync"`` (see the module docstring).
+    ``mode``: ``"overlapped"`` or ``"sync"`` (see the module docstring). ``n_obs_steps``: how many states the policy
+    reads (``None``: the server's metadata, ``metadata["policy"]["n_obs_steps"]``, when ``infer`` has one, else 1);
+    above 1 each request carries the episode's last n states ``[n, S]`` (see the module docstring), read from
+    ``state_key`` (default: the first of ``STATE_KEYS`` the observation holds; name yours if ``vla serve --key``
+    renames it).
     """
 
     def __init__(
@@ -225,11 +238,19 @@ class ChunkExecutor:
         horizon: int | None = None,
         mode: str = "overlapped",
         first_chunk_timeout_s: float = 30.0,
+        n_obs_steps: int | None = None,
+        state_key: str | None = None,
     ):
         if mode not in ("overlapped", "sync"):
             raise ValueError(f"mode must be 'overlapped' or 'sync', got {mode!r}")
         if k is not None and k < 0:
             raise ValueError(f"k must be >= 0 (or None for automatic), got {k}")
+        if n_obs_steps is None:
+            metadata = infer.get_server_metadata() if hasattr(infer, "get_server_metadata") else {}
+            n_obs_steps = int((metadata or {}).get("policy", {}).get("n_obs_steps", 1))
+        if n_obs_steps < 1:
+            raise ValueError(f"n_obs_steps must be >= 1 (the states the policy reads), got {n_obs_steps}")
+        self.n_obs_steps, self.state_key = n_obs_steps, state_key
         self.infer = infer.infer if hasattr(infer, "infer") else infer
         self.control_hz = float(control_hz)
         self.k, self.horizon, self.mode = k, horizon, mode
@@ -253,9 +274,12 @@ class ChunkExecutor:
         self._last: np.ndarray | None = None
         self.tick = 0
         self.executed_actions = []
+        self._history = StateHistory(self.n_obs_steps) if self.n_obs_steps > 1 else None
 
     def act(self, obs: dict[str, Any]) -> np.ndarray:
         """The action for this tick (float ``[D]``). Blocks only for an episode's first chunk."""
+        if self._history is not None:
+            obs = self._with_history(obs)
         self._adopt()
         if self._last is None and self._chunk is None:  # episode start: nothing to hold, wait for the first chunk
             start = time.perf_counter()
@@ -286,6 +310,21 @@ class ChunkExecutor:
         return np.array(action, copy=True)
 
     # --- internals -----------------------------------------------------------------------------------------
+    def _with_history(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """``obs`` with its state ``[S]`` replaced by the episode's last n states ``[n, S]`` (pushed every tick)."""
+        keys = (self.state_key,) if self.state_key else STATE_KEYS
+        key = next((k for k in keys if k in obs), None)
+        if key is None:
+            raise ValueError(f"the policy reads the last {self.n_obs_steps} states, but the observation has none of "
+                             f"{', '.join(keys)}: send the robot state every tick (or name its key: "
+                             "state_key=)")  # fmt: skip
+        state = np.array(obs[key], dtype=np.float32).reshape(-1)  # a copy: robots reuse their buffers
+        frames = self._history.frames
+        if frames and frames[-1].shape != state.shape:
+            raise ValueError(f"the state changed size within an episode ({len(frames[-1])} -> {len(state)}); call "
+                             "executor.reset() when a new episode starts")  # fmt: skip
+        return {**obs, key: np.stack(self._history.push(state))}
+
     def _k(self) -> int:
         size = self._usable()
         if self.k is not None:

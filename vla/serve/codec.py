@@ -107,6 +107,40 @@ def _check_depth(obj: Any, depth: int = 0) -> None:
             _check_depth(value, depth + 1)
 
 
+def describe_bytes(data: bytes | bytearray | memoryview, head: int = 16) -> str:
+    """``"13 bytes starting b'\\xc1 not msgpack'"``: what arrived, for an error reply (the first ``head`` bytes)."""
+    data = bytes(data)
+    if not data:
+        return "an empty message (0 bytes)"
+    shown = repr(data[:head]) + ("..." if len(data) > head else "")
+    return f"{len(data)} bytes starting {shown}"
+
+
+def describe_failure(err: Exception) -> str:
+    """msgpack's reason, or the exception's name where msgpack gives none (its FormatError is often empty)."""
+    reason = str(err).strip()
+    if isinstance(err, msgpack.FormatError) and not reason:
+        return "malformed msgpack"
+    return reason or type(err).__name__
+
+
+def _led_by_its_key(data: bytes, err: DecodeError) -> str:
+    """``err``'s text led by the top-level key whose value it is about (``_object_hook`` sees an array, not its key):
+    the message read again as plain msgpack, each value's arrays checked alone. Only on the error path."""
+    try:
+        plain = msgpack.unpackb(bytes(data), ext_hook=lambda code, payload: None, strict_map_key=False, raw=False)
+    except Exception:  # noqa: BLE001 - no better text than the error itself
+        return str(err)
+    for key, value in plain.items() if isinstance(plain, dict) else ():
+        try:
+            msgpack.unpackb(msgpack.packb(value), object_hook=_object_hook, strict_map_key=False, raw=False)
+        except DecodeError:
+            return f"'{key.decode('utf-8', 'replace') if isinstance(key, bytes) else key}': {err}"
+        except Exception:  # noqa: BLE001 - a value that does not pack again is not the one
+            continue
+    return str(err)
+
+
 def unpackb(data: bytes) -> Any:
     """Bytes from ``packb`` (or openpi's packer) -> the object, arrays as read-only numpy arrays.
 
@@ -122,9 +156,11 @@ def unpackb(data: bytes) -> Any:
         # strict_map_key=False: openpi's ndarray maps use bin keys. max_*_len default to the message length.
         obj = msgpack.unpackb(bytes(data), object_hook=_object_hook, ext_hook=no_ext, strict_map_key=False,
                               raw=False, use_list=True)  # fmt: skip
-    except DecodeError:
-        raise
+    except DecodeError as err:
+        raise DecodeError(_led_by_its_key(data, err)) from None
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as err:
-        raise DecodeError(f"not a msgpack message: {err}") from None
+        raise DecodeError(f"not a msgpack message ({describe_failure(err)}): received {describe_bytes(data)}; send "
+                          "an observation map packed with msgpack-numpy (openpi_client.msgpack_numpy.packb or "
+                          "vla.serve.packb)") from None  # fmt: skip
     _check_depth(obj)
     return obj

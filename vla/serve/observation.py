@@ -1,15 +1,20 @@
 """What a robot sends, checked and converted before it reaches the policy: one decoded message -> an ``Item``
 (state, cameras resized on the server, the instruction), or a ``RequestError`` saying what is wrong (the server
-answers it and keeps the connection open)."""
+answers it and keeps the connection open); and, for a policy that reads a state history (``n_obs_steps`` = n > 1),
+the history a connection's messages make (``ConnectionHistory``) when the robot sends one state at a time."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from vla.execution import StateHistory
 from vla.pipeline import camera_image, checked_state
 
 MAX_TASK_CHARS = 1000
@@ -24,10 +29,12 @@ class RequestError(ValueError):
 class Item:
     """One observation, checked and converted: what a batch is stacked from."""
 
-    state: torch.Tensor  # float32 [S]
+    state: torch.Tensor  # float32 [S]; n_obs_steps = n > 1: [n, S] (the client's history, or the server's made)
     images: dict[str, torch.Tensor]  # policy key -> float32 [3, H, W] in [0, 1]
     task: str
     request_id: Any = None
+    reset: bool = False  # the message starts an episode (its "reset" key): the server's history starts again
+    history_frames: int | None = None  # server-kept history: how many of its n frames this episode has sent
 
     @property
     def group(self) -> tuple:
@@ -35,11 +42,35 @@ class Item:
         return tuple((k, tuple(v.shape)) for k, v in sorted(self.images.items()))
 
 
+RESET_KEY = "reset"  # a message flag: this observation is an episode's first
+
+
+def numeric(value: Any, key: str, what: str) -> np.ndarray:
+    """``value`` as a numeric array, or a ``RequestError`` naming ``key``, what arrived and what to send (``what``)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+    elif isinstance(value, (list, tuple, int, float)):
+        try:
+            array = np.asarray(value)
+        except ValueError:  # numpy's "inhomogeneous shape"
+            raise RequestError(f"'{key}' is a ragged list (rows of different lengths); send {what}") from None
+    else:
+        preview = repr(value)[:40] + ("..." if len(repr(value)) > 40 else "")
+        raise RequestError(f"'{key}' is a {type(value).__name__} ({preview}); send {what}")
+    if array.dtype.kind not in "biuf":
+        kind = {"U": "strings", "S": "bytes", "O": "mixed values (a list with None or strings in it)"}
+        received = kind.get(array.dtype.kind, "values that are not numbers")
+        raise RequestError(f"'{key}' holds {received} (dtype {array.dtype.str}); send {what}")
+    return array.astype(np.float32, copy=False)
+
+
 class ObservationReader:
     """A decoded message -> an ``Item`` for a policy with these keys and shapes; ``RequestError`` says what is wrong."""
 
-    def __init__(self, state_dim: int, image_keys: list[str], image_size: int | None, keys: dict[str, str]):
+    def __init__(self, state_dim: int, image_keys: list[str], image_size: int | None, keys: dict[str, str],
+                 obs_steps: int = 1):  # fmt: skip
         self.state_dim = int(state_dim)
+        self.obs_steps = int(obs_steps)  # the policy's n_obs_steps: > 1 accepts [S] (one state) or [n, S]
         self.image_keys = list(image_keys)
         self.image_size = image_size
         self.renames = {k.replace("/", "."): v for k, v in keys.items()}
@@ -49,9 +80,21 @@ class ObservationReader:
         if len(self.image_keys) == 1:
             self.aliases["image"] = self.aliases["observation.image"] = self.image_keys[0]
 
+    def state_shapes(self) -> list[list[int]]:
+        """The state shapes a message may carry: ``[S]``, and with a history ``[n, S]`` too."""
+        return [[self.state_dim]] + ([[self.obs_steps, self.state_dim]] if self.obs_steps > 1 else [])
+
+    def _state_hint(self) -> str:
+        n, s = self.obs_steps, self.state_dim
+        if n == 1:
+            return f"float [{s}]"
+        return (f"float [{s}] (one state a message: the server keeps the connection's last {n}; send '{RESET_KEY}': "
+                f"true with an episode's first) or float [{n}, {s}] (the last {n} states, oldest first)")  # fmt: skip
+
     def expected(self) -> dict[str, str]:
         """What the metadata tells clients to send."""
-        out = {"observation.state": f"float [{self.state_dim}]", "prompt": "str (or 'task')"}
+        out = {"observation.state": self._state_hint(), "prompt": "str (or 'task')",
+               RESET_KEY: "bool, optional: true on an episode's first observation"}  # fmt: skip
         for key in self.image_keys:
             out[key] = "uint8 [H, W, 3] (or [3, H, W], or float in [0, 1]); resized on the server"
         return out
@@ -60,28 +103,46 @@ class ObservationReader:
         if not isinstance(message, dict):
             raise RequestError(f"an observation is a map of keys to values, got {type(message).__name__}")
         obs: dict[str, Any] = {}
+        sent: dict[str, str] = {}  # policy key -> the key the client used, for error messages
         for key, value in message.items():
             if isinstance(key, bytes):
                 key = key.decode("utf-8", "replace")
             if not isinstance(key, str):
                 raise RequestError(f"observation keys must be strings, got {key!r}")
             name = self.renames.get(key.replace("/", "."), key.replace("/", "."))
-            obs[self.aliases.get(name, name)] = value
+            name = self.aliases.get(name, name)
+            obs[name] = value
+            sent.setdefault(name, key)
         request_id = obs.get("request_id")
         if request_id is not None and not isinstance(request_id, (int, str)):
             raise RequestError(f"request_id must be an int or a string, got {type(request_id).__name__}")
-        return Item(self._state(obs), {k: self._image(obs, k) for k in self.image_keys}, self._task(obs), request_id)
+        reset = obs.get(RESET_KEY, False)
+        if not isinstance(reset, (bool, np.bool_)):
+            raise RequestError(f"'{RESET_KEY}' must be true or false (true on an episode's first observation), got "
+                               f"a {type(reset).__name__}")  # fmt: skip
+        state = self._state(obs, sent.get("observation.state", "observation.state"))
+        images = {k: self._image(obs, k) for k in self.image_keys}
+        return Item(state, images, self._task(obs), request_id, reset=bool(reset))
 
-    def _state(self, obs: dict[str, Any]) -> torch.Tensor:
+    def _state(self, obs: dict[str, Any], sent: str) -> torch.Tensor:
+        n, s = self.obs_steps, self.state_dim
         if "observation.state" not in obs:
             raise RequestError(f"the observation lacks 'observation.state' (keys sent: {', '.join(sorted(obs))}); "
-                               f"send the robot state as float [{self.state_dim}]")  # fmt: skip
+                               f"send the robot state as {self._state_hint()}")  # fmt: skip
+        state = numeric(obs["observation.state"], sent, f"the robot state as {self._state_hint()}")
+        if n > 1 and state.shape in ((n, s), (1, n, s)):
+            try:  # the client's history [n, S] (or [1, n, S]): the policy pipeline's own check
+                return torch.from_numpy(checked_state(state.reshape(1, n, s), s, n)[0].astype(np.float32))
+            except ValueError as err:
+                raise RequestError(str(err)) from None
+        if n > 1 and not (state.shape == (s,) or state.shape == (1, s)):
+            raise RequestError(f"'{sent}' has shape {list(state.shape)}; send {self._state_hint()}")
         try:  # the policy pipeline's own check: one observation, [S] or [1, S]
-            state = checked_state(np.asarray(obs["observation.state"], dtype=np.float32), self.state_dim)
-        except (TypeError, ValueError) as err:
-            raise RequestError(str(err) if isinstance(err, ValueError) else "observation.state must be numbers") from None
+            state = checked_state(state, s)
+        except ValueError as err:
+            raise RequestError(str(err)) from None
         if len(state) != 1:
-            raise RequestError(f"observation.state holds {len(state)} states; send one observation per message")
+            raise RequestError(f"'{sent}' holds {len(state)} states; send one observation per message")
         return torch.from_numpy(state[0].astype(np.float32))
 
     def _image(self, obs: dict[str, Any], key: str) -> torch.Tensor:
@@ -119,4 +180,30 @@ class ObservationReader:
         return task
 
 
-# --- batching -----------------------------------------------------------------------------------------------------
+# --- a connection's state history ---------------------------------------------------------------------------------
+
+
+class ConnectionHistory:
+    """One connection's state history, for a policy with ``n_obs_steps`` = n > 1 served one state a message: the
+    last n states its messages carried, oldest first, the episode's first repeated until there are n (the
+    ``StateHistory`` the rollout loop and ``select_action`` keep, so the frames are the ones training padded). It
+    starts again on a message whose ``reset`` is true and after ``reset_after_s`` without a message. A message that
+    carries its own ``[n, S]`` history passes through untouched."""
+
+    def __init__(self, n: int, reset_after_s: float, clock: Callable[[], float] = time.monotonic):
+        self.n, self.reset_after_s, self.clock = n, reset_after_s, clock
+        self._history: StateHistory | None = None
+        self._frames = 0  # states of this episode in the history (at most n)
+        self._last: float | None = None  # when the last state arrived
+
+    def __call__(self, item: Item) -> Item:
+        if self.n == 1 or item.state.ndim == 2:  # no history, or the client's own [n, S]
+            return item
+        now = self.clock()
+        idle = self._last is not None and now - self._last > self.reset_after_s
+        if self._history is None or item.reset or idle:
+            self._history, self._frames = StateHistory(self.n), 0
+        self._last = now
+        frames = self._history.push(item.state)  # [S] each, oldest first
+        self._frames = min(self._frames + 1, self.n)
+        return dataclasses.replace(item, state=torch.stack(frames), history_frames=self._frames)  # [n, S]

@@ -6,6 +6,8 @@
 The client half of "On a robot" in the README, and what ``scripts/bench_serve.py`` runs: the world steps every
 ``1 / env.fps`` seconds whatever the network does (``Rate``); the executor supplies an action each tick. It waits
 only for an episode's first chunk (the robot at rest before it starts). Prints one line per episode and a summary.
+A policy that reads a state history (``n_obs_steps`` > 1 in the server's metadata) is sent the episode's last states
+``[n, 39]``, kept by the executor every tick.
 """
 
 from __future__ import annotations

@@ -7,10 +7,15 @@
 The protocol (``openpi_client.websocket_client_policy.WebsocketClientPolicy`` drives it unchanged):
 - ``GET /healthz`` answers 200 without a handshake; anything else is a websocket handshake (an ``Authorization:
   Api-Key <key>`` header is required when the server has a key: 401 without it, as openpi's client sends it).
-- On connect the server sends its metadata (a msgpack map: the policy's shapes, the keys it reads, the limits).
+  503 when ``max_clients`` connections are open, or ``max_clients_per_ip`` from the caller's address.
+- On connect the server sends its metadata (a msgpack map: the policy's shapes, the keys it reads, the state history
+  it accepts, the limits).
 - Each binary message is one observation (msgpack-numpy, ``vla.serve.codec``); each reply is a msgpack map
   ``{"actions": float32 [T, D] (raw units), "server_timing": {"infer_ms", "queue_ms", "batch_size", "total_ms",
-  "prev_total_ms"}, "valid": bool, "tokens": int}`` plus ``"request_id"`` when the observation carried one.
+  "prev_total_ms"}, "valid": bool, "tokens": int}`` plus ``"request_id"`` when the observation carried one, and
+  ``"history_frames"`` when the server keeps the state history (below).
+- A connection that sends nothing for ``idle_timeout_s`` is closed (code 1008), so silent clients cannot hold the
+  slots; ``PolicyClient`` reconnects on its next request.
 - A request that cannot be served (a malformed or oversize-for-the-policy observation, a full queue, a timeout) is
   answered with a text frame ``"error: <what and how to fix it>"``, on which openpi's client raises, and the
   connection stays open for the next observation (openpi's server sends the traceback and closes it). Messages over
@@ -21,6 +26,11 @@ Observation keys (after ``config.keys`` renames ``client key -> policy key`` and
 cameras ``observation.images.<cam>`` (or ``images.<cam>``; ``image`` / ``observation.image`` for a one-camera policy)
 as uint8 ``[H, W, 3]`` (openpi's layout) or ``[3, H, W]``, or floats in [0, 1]; the instruction ``prompt`` (openpi's
 name) or ``task``. Images are resized on the server to the policy's size, so robots may send any resolution.
+
+State history (a policy with ``n_obs_steps`` = n > 1): a message carries either the last n states ``[n, S]``, oldest
+first (the robot keeps them at its control rate: ``ChunkExecutor`` does), or one state ``[S]``, and then the server
+keeps the connection's last n states (``ConnectionHistory``: the episode's first repeated until there are n; started
+again by a message with ``"reset": true`` and after ``history_reset_s`` without a message).
 
 Batching: one worker takes every request queued when it becomes free (waiting ``batch_window_ms`` after the first
 for others that arrive together), up to ``max_batch``, and runs them as one ``predict_action_chunk`` call in a worker
@@ -50,7 +60,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from .codec import DecodeError, packb, unpackb
-from .observation import Item, ObservationReader, RequestError
+from .observation import RESET_KEY, ConnectionHistory, Item, ObservationReader, RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +80,13 @@ class ServeConfig:
     request_timeout_s: float = 10.0  # a request not answered by then gets an error reply (and is skipped)
     max_message_bytes: int = 8 * 2**20  # larger messages close the connection (code 1009); 8 MiB fits 20 VGA images
     max_clients: int = 64  # connections beyond this are refused with 503
+    # connections from one address beyond this are refused with 503, so one address cannot hold every slot; None =
+    # half of max_clients (rounded up). Robots behind one NAT or proxy share an address: raise it to max_clients
+    max_clients_per_ip: int | None = None
+    idle_timeout_s: float = 60.0  # a connection that sends nothing for this long is closed (code 1008), freeing its slot
+    # n_obs_steps > 1, one state a message: a gap longer than this between a connection's messages starts its state
+    # history again (a new episode), as a message with "reset": true does
+    history_reset_s: float = 5.0
     keys: dict[str, str] = field(default_factory=dict)  # client key -> policy key, for robots with their own names
 
     def __post_init__(self) -> None:
@@ -81,11 +98,20 @@ class ServeConfig:
             ("request_timeout_s", self.request_timeout_s > 0, "use a positive number of seconds"),
             ("max_message_bytes", self.max_message_bytes >= 1024, "use at least 1024 bytes"),
             ("max_clients", self.max_clients >= 1, "use at least 1"),
+            ("max_clients_per_ip", self.max_clients_per_ip is None or 1 <= self.max_clients_per_ip <= self.max_clients,
+             f"use 1..max_clients ({self.max_clients}), or None for half of max_clients"),
+            ("idle_timeout_s", self.idle_timeout_s > 0, "use a positive number of seconds"),
+            ("history_reset_s", self.history_reset_s > 0, "use a positive number of seconds"),
             ("api_key", self.api_key is None or len(self.api_key) >= 8, "use a key of at least 8 characters"),
         ]
         for name, ok, fix in checks:
             if not ok:
                 raise ValueError(f"ServeConfig.{name} = {getattr(self, name)!r} is invalid: {fix}")
+
+    @property
+    def per_ip(self) -> int:
+        """The most connections one address may hold."""
+        return self.max_clients_per_ip or -(-self.max_clients // 2)
 
 
 @dataclass
@@ -109,6 +135,8 @@ class Result:
 class ServerStats:
     connections: int = 0  # open now
     connections_total: int = 0
+    refused: int = 0  # connections refused with 503 (or closed with 1013 when a burst overtook the check)
+    idle_closed: int = 0  # connections closed for sending nothing within idle_timeout_s
     requests: int = 0  # answered with actions
     errors: int = 0  # answered with an error reply
     timeouts: int = 0
@@ -132,8 +160,10 @@ class PolicyServer:
         self.config = config or ServeConfig()
         c = policy.config
         image_size = getattr(c, "image_size", None) or getattr(getattr(policy, "model", None), "image_size", None)
-        self.reader = ObservationReader(c.state_dim, list(c.image_keys), image_size, self.config.keys)
+        self.obs_steps = int(getattr(c, "n_obs_steps", 1) or 1)
+        self.reader = ObservationReader(c.state_dim, list(c.image_keys), image_size, self.config.keys, self.obs_steps)
         self.stats = ServerStats()
+        self._per_ip: Counter = Counter()  # open connections per remote address
         self.metadata = {
             "server": "vla serve",
             "protocol": PROTOCOL_VERSION,
@@ -144,13 +174,26 @@ class PolicyServer:
                 "state_dim": int(c.state_dim),
                 "image_keys": list(c.image_keys),
                 "image_size": image_size,
+                "n_obs_steps": self.obs_steps,
             },
             "observation": self.reader.expected(),
+            "history": {  # how to send a policy that reads the last n states (n_obs_steps = n > 1) its history
+                "n_obs_steps": self.obs_steps,
+                "state_shapes": self.reader.state_shapes(),  # [S]: the server keeps the last n; [n, S]: the client does
+                "order": "oldest first; the episode's first state repeated until there are n",
+                "reset_key": RESET_KEY,  # true on an episode's first observation: the server's history starts again
+                "reset_after_idle_s": self.config.history_reset_s,  # a longer gap between messages starts it too
+                "spacing": "one state a message: the frames are successive messages, as far apart as training's "
+                           "only when the robot sends every control step; else send [n, S] (ChunkExecutor does)",
+            },
             "limits": {
                 "max_batch": self.config.max_batch,
                 "max_queue": self.config.max_queue,
                 "request_timeout_s": self.config.request_timeout_s,
                 "max_message_bytes": self.config.max_message_bytes,
+                "max_clients": self.config.max_clients,
+                "max_clients_per_ip": self.config.per_ip,
+                "idle_timeout_s": self.config.idle_timeout_s,
             },
         }
         self._queue: asyncio.Queue[Pending] | None = None
@@ -235,20 +278,49 @@ class PolicyServer:
                 return connection.respond(401, "a valid 'Authorization: Api-Key <key>' header is required\n")
         if request.path.split("?")[0] == "/stats":
             return connection.respond(200, json.dumps(self.stats.as_dict()) + "\n")
-        if self.stats.connections >= self.config.max_clients:
-            return connection.respond(503, f"the server holds its limit of {self.config.max_clients} clients\n")
+        refusal = self._refusal(_address(connection))
+        if refusal is not None:
+            self.stats.refused += 1
+            logger.info("refused a connection from %s: %s", connection.remote_address, refusal)
+            return connection.respond(503, refusal + "\n")
+        return None
+
+    def _refusal(self, address: str, joining: int = 0) -> str | None:
+        """Why a connection from ``address`` cannot have a slot now (``joining``: it is counted already), or None."""
+        c = self.config
+        if self.stats.connections - joining >= c.max_clients:
+            return (f"the server holds its limit of {c.max_clients} clients (max_clients; silent ones are closed after "
+                    f"{c.idle_timeout_s:g} s); retry later")  # fmt: skip
+        if self._per_ip[address] - joining >= c.per_ip:
+            return (f"{address} holds its share of {c.per_ip} of the {c.max_clients} client slots (max_clients_per_ip); "
+                    "close one of its connections, or raise --max-clients-per-ip where robots share an address "
+                    "(NAT, proxy)")  # fmt: skip
         return None
 
     async def _handler(self, ws: ServerConnection) -> None:
+        address = _address(ws)
         self.stats.connections += 1
-        self.stats.connections_total += 1
+        self._per_ip[address] += 1
         prev_total_ms = None
+        history = ConnectionHistory(self.obs_steps, self.config.history_reset_s)
         try:
+            refusal = self._refusal(address, joining=1)  # handshakes that passed the check together
+            if refusal is not None:
+                self.stats.refused += 1
+                await ws.close(1013, refusal[:120])  # "try again later"
+                return
+            self.stats.connections_total += 1
             await ws.send(packb(self.metadata))
-            async for message in ws:
+            while True:
+                try:  # cancelling recv() loses nothing (websockets' guarantee)
+                    message = await asyncio.wait_for(ws.recv(), self.config.idle_timeout_s)
+                except TimeoutError:
+                    self.stats.idle_closed += 1
+                    await ws.close(1008, f"idle for {self.config.idle_timeout_s:g} s (idle_timeout_s); reconnect")
+                    return
                 start = time.perf_counter()
                 try:
-                    result, item = await self._serve_one(message)
+                    result, item = await self._serve_one(message, history)
                 except RequestError as err:
                     self.stats.errors += 1
                     await ws.send(f"error: {err}")  # a text frame: openpi's client raises RuntimeError with it
@@ -265,6 +337,8 @@ class PolicyServer:
                     reply["server_timing"]["prev_total_ms"] = prev_total_ms
                 if item.request_id is not None:
                     reply["request_id"] = item.request_id
+                if item.history_frames is not None:
+                    reply["history_frames"] = item.history_frames
                 await ws.send(packb(reply))
                 self.stats.requests += 1
                 prev_total_ms = total_ms
@@ -272,12 +346,18 @@ class PolicyServer:
             pass
         finally:
             self.stats.connections -= 1
+            self._per_ip[address] -= 1
+            if self._per_ip[address] <= 0:
+                del self._per_ip[address]
 
-    async def _serve_one(self, message) -> tuple[Result, Item]:
+    async def _serve_one(self, message, history: ConnectionHistory) -> tuple[Result, Item]:
         if isinstance(message, str):
-            raise RequestError("send observations as binary msgpack frames, not text")
+            shown = repr(message[:40]) + ("..." if len(message) > 40 else "")
+            raise RequestError(f"received a text frame ({len(message)} characters: {shown}); send observations as "
+                               "binary msgpack frames (openpi_client.msgpack_numpy.packb or "
+                               "vla.serve.packb)")  # fmt: skip
         try:
-            item = self.reader(unpackb(message))
+            item = history(self.reader(unpackb(message)))
         except DecodeError as err:
             raise RequestError(str(err)) from None
         future = asyncio.get_running_loop().create_future()
@@ -322,6 +402,12 @@ class PolicyServer:
     def start_in_thread(self) -> ServerHandle:
         """Serve from a daemon thread; returns once listening. ``handle.stop()`` shuts it down."""
         return ServerHandle(self)
+
+
+def _address(connection: ServerConnection) -> str:
+    """The remote host of a connection (the proxy's or the NAT's, for robots behind one)."""
+    remote = connection.remote_address
+    return str(remote[0]) if isinstance(remote, tuple) and remote else str(remote)
 
 
 class ServerHandle:

@@ -1,0 +1,263 @@
+"""``vla serve`` under faults: silent clients holding the slots, one address taking them all, a string state, garbage
+bytes, many short connections; each answered with what was wrong and what to do, and the server still serving.
+
+Servers run in a background thread of the test process (a stub policy whose chunk repeats the state's first value),
+except the last tests, which start ``vla serve`` itself in a subprocess on a saved ``micro`` policy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect as _connect
+
+import action_tokenizers as at
+from action_tokenizers.synthetic import smooth_chunks
+from vla.serve import PolicyClient, ServerError, packb, unpackb
+from vla.serve.client import _CONNECT_EXTRAS
+from vla.serve.server import PolicyServer, ServeConfig
+
+pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+
+T, D, S = 6, 3, 5
+TASK = "push the puck"
+KEY = "correct-horse-battery"
+
+
+class Stub:
+    """``actions[b, t, :] = state[b, 0]``, at once."""
+
+    def __init__(self):
+        self.config = SimpleNamespace(time_horizon=T, n_action_steps=T, action_dim=D, state_dim=S, image_keys=[],
+                                      image_size=None)  # fmt: skip
+        self.last_decode_info = None
+
+    def predict_action_chunk(self, batch):
+        return batch["observation.state"][:, None, :1].expand(-1, T, D).clone()
+
+
+def serve(**options):
+    return PolicyServer(Stub(), ServeConfig(port=0, **options)).start_in_thread()
+
+
+def connect(port: int, source: str = "127.0.0.1", key: str | None = None, **kwargs):
+    """A raw websocket from ``source`` (any 127.x.y.z is this host's loopback), metadata read."""
+    headers = {"Authorization": f"Api-Key {key}"} if key else None
+    ws = _connect(f"ws://127.0.0.1:{port}", compression=None, additional_headers=headers,
+                  source_address=(source, 0), **(_CONNECT_EXTRAS | kwargs))  # fmt: skip
+    assert unpackb(ws.recv(timeout=10))["server"] == "vla serve"
+    return ws
+
+
+def refusal(port: int, **kwargs) -> tuple[int, str]:
+    with pytest.raises(InvalidStatus) as err:
+        connect(port, **kwargs)
+    return err.value.response.status_code, err.value.response.body.decode()
+
+
+def stats(port: int, key: str | None = None) -> dict:
+    headers = {"Authorization": f"Api-Key {key}"} if key else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/stats", headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def obs(value, **extra) -> dict:
+    return {"observation/state": value, "prompt": TASK} | extra
+
+
+# --- the slots ----------------------------------------------------------------------------------------------------
+def test_silent_clients_are_closed_after_the_idle_timeout_and_their_slots_freed():
+    with serve(api_key=KEY, max_clients=4, max_clients_per_ip=4, idle_timeout_s=2.0) as handle:
+        with PolicyClient("127.0.0.1", handle.port, api_key=KEY) as client:
+            assert client.metadata["limits"]["idle_timeout_s"] == 2.0
+        assert wait_until(lambda: stats(handle.port, KEY)["connections"] == 0)
+        silent = [connect(handle.port, key=KEY) for _ in range(4)]  # authenticated, never send
+        status, body = refusal(handle.port, key=KEY)
+        assert status == 503 and "limit of 4 clients" in body and "closed after 2 s" in body
+        for ws in silent:  # the server closes each one, saying why
+            with pytest.raises(ConnectionClosed) as err:
+                ws.recv(timeout=20)
+            assert err.value.rcvd.code == 1008 and "idle for 2 s" in err.value.rcvd.reason
+        with PolicyClient("127.0.0.1", handle.port, api_key=KEY) as client:  # a new client gets a slot
+            assert client.infer(obs(np.full(S, 3.0, np.float32)))["actions"][0, 0] == 3.0
+            time.sleep(3.0)  # longer than the idle timeout: closed, and the client reconnects on its next request
+            assert client.infer(obs(np.full(S, 4.0, np.float32)))["actions"][0, 0] == 4.0
+            assert client.reconnects == 1
+        s = stats(handle.port, KEY)
+        assert s["idle_closed"] >= 5 and s["refused"] >= 1
+
+
+def test_one_address_cannot_hold_every_slot():
+    with serve(api_key=KEY, max_clients=4) as handle:  # the default share: half the slots
+        first = [connect(handle.port, key=KEY) for _ in range(2)]
+        status, body = refusal(handle.port, key=KEY)
+        assert status == 503 and "127.0.0.1 holds its share of 2 of the 4 client slots" in body
+        assert "--max-clients-per-ip" in body
+        with pytest.raises(ConnectionError, match="answered HTTP 503: 127.0.0.1 holds its share"):
+            PolicyClient("127.0.0.1", handle.port, api_key=KEY, connect_timeout_s=1)
+        other = connect(handle.port, source="127.0.0.2", key=KEY)  # another address still gets in
+        other.send(packb(obs(np.full(S, 5.0, np.float32))))
+        assert unpackb(other.recv(timeout=10))["actions"][0, 0] == 5.0
+        first[0].close()
+        assert wait_until(lambda: stats(handle.port, KEY)["connections"] == 2)
+        connect(handle.port, key=KEY).close()  # a freed share is taken again
+        assert stats(handle.port, KEY)["refused"] >= 2
+        for ws in [*first, other]:
+            ws.close()
+    with pytest.raises(ValueError, match="max_clients_per_ip = 5 is invalid: use 1..max_clients"):
+        ServeConfig(max_clients=4, max_clients_per_ip=5)
+
+
+def test_many_short_connections_leave_no_slot_taken():
+    with serve(max_clients=4) as handle:
+        for i in range(40):
+            ws = connect(handle.port)
+            if i % 2:
+                ws.socket.close()  # gone without a closing handshake
+            else:
+                ws.close()
+        deadline = time.monotonic() + 10
+        while stats(handle.port)["connections"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats(handle.port)["connections"] == 0 and not handle.server._per_ip
+        clients = [PolicyClient("127.0.0.1", handle.port) for _ in range(2)]  # the full share is there again
+        assert all(c.infer(obs(np.full(S, 1.0, np.float32)))["actions"][0, 0] == 1.0 for c in clients)
+        for c in clients:
+            c.close()
+
+
+# --- what a message can hold --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [
+        ("0.1 0.2 0.3 0.4 0.5", r"'observation/state' is a str \('0.1 0.2 0.3 0.4 0.5'\); send the robot state as "
+                                r"float \[5\]"),  # fmt: skip
+        (np.array(["0.1"] * S), r"'observation/state': dtype '<U3' is refused: send bool, integer or float arrays"),
+        ([0.1, None, 0.3, 0.4, 0.5], r"'observation/state' holds mixed values .*\(dtype \|O\); send the robot state"),
+        ([[1.0, 2.0], [3.0]], r"'observation/state' is a ragged list .*; send the robot state as float \[5\]"),
+        (b"\x00" * 20, r"'observation/state' is a bytes .*; send the robot state as float \[5\]"),
+    ],
+)
+def test_a_state_that_is_not_numbers_is_answered_with_its_key_what_came_and_what_to_send(state, match):
+    wcp = pytest.importorskip("openpi_client.websocket_client_policy")
+    with serve() as handle:
+        client = wcp.WebsocketClientPolicy("127.0.0.1", handle.port)
+        with pytest.raises(RuntimeError, match=match) as err:
+            client.infer(obs(state))
+        assert "could not convert" not in str(err.value)
+        assert client.infer(obs(np.full(S, 2.0, np.float32)))["actions"][0, 0] == 2.0  # the connection still works
+
+
+def test_garbage_is_answered_with_what_arrived_and_what_to_send():
+    with serve() as handle:
+        ws = connect(handle.port)
+        for message, match in [
+            (b"\xc1 not msgpack", r"not a msgpack message \(malformed msgpack\): received 13 bytes starting "
+                                  r"b'\\xc1 not msgpack'; send an observation map packed with msgpack-numpy"),
+            (b"", r"received an empty message \(0 bytes\)"),
+            (bytes(range(100)), r"received 100 bytes starting b'\\x00\\x01.*'\.\.\.; send"),
+            ("hello server", r"received a text frame \(12 characters: 'hello server'\); send observations as binary"),
+        ]:  # fmt: skip
+            ws.send(message)
+            reply = ws.recv(timeout=10)
+            assert isinstance(reply, str) and re.search(match, reply), reply
+        ws.send(packb(obs(np.full(S, 6.0, np.float32))))
+        assert unpackb(ws.recv(timeout=10))["actions"][0, 0] == 6.0
+        ws.close()
+
+
+# --- through `vla serve` ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_history_policy(tmp_path_factory) -> Path:
+    """A ``micro`` policy reading the last 3 states, saved as a training run saves it."""
+    from vla.policy import VLAPolicy
+
+    torch.manual_seed(0)
+    chunks = smooth_chunks(200, T, D, seed=0)
+    states = np.random.default_rng(0).standard_normal((200, S))
+    config = VLAPolicy.config_class(preset="micro", time_horizon=T, n_action_steps=3, n_obs_steps=3, image_keys=[],
+                                    device="cpu", init_seed=0)  # fmt: skip
+    policy = VLAPolicy(config, action_tokenizer=at.FASTTokenizer.fit(chunks, vocab_size=256),
+                       action_normalizer=at.Normalizer.fit(chunks),
+                       state_normalizer=at.Normalizer.fit(states))  # fmt: skip
+    path = tmp_path_factory.mktemp("served") / "policy"
+    policy.save_pretrained(path)
+    return path
+
+
+def test_vla_serve_answers_a_history_policys_faults(saved_history_policy):
+    """``vla serve`` in its own process: the limits and the history in the metadata, a string state, garbage, silent
+    clients at ``--max-clients 2`` closed after ``--idle-timeout``, and one state a message kept per connection."""
+    cmd = [sys.executable, "-m", "vla.cli", "serve", "--policy", str(saved_history_policy), "--port", "0",
+           "--max-clients", "2", "--idle-timeout", "3", "--threads", "1"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()  # drained
+        port, deadline, log = None, time.monotonic() + 180, []
+        while port is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                log.append(lines.get(timeout=1))
+            except queue.Empty:
+                continue
+            if m := re.search(r"serving on ws://127\.0\.0\.1:(\d+)", log[-1]):  # the log line with the port
+                port = int(m.group(1))
+        assert port is not None, "".join(log)
+        silent = connect(port, source="127.0.0.3")  # one of the two slots (each address's share: one)
+        with PolicyClient("127.0.0.1", port, connect_timeout_s=30) as client:
+            meta = client.metadata
+            assert meta["limits"]["max_clients"] == 2 and meta["limits"]["max_clients_per_ip"] == 1
+            assert meta["limits"]["idle_timeout_s"] == 3.0 and meta["history"]["n_obs_steps"] == 3
+            assert meta["history"]["state_shapes"] == [[S], [3, S]]
+            status, body = refusal(port, source="127.0.0.4")
+            assert status == 503 and "limit of 2 clients" in body
+            with pytest.raises(ServerError, match=r"'observation/state' is a str \('abc'\); send the robot state"):
+                client.infer(obs("abc"))
+            replies = [client.infer(obs(np.full(S, float(k), np.float32), reset=k == 0)) for k in range(4)]
+            assert [r["history_frames"] for r in replies] == [1, 2, 3, 3]
+            assert replies[0]["actions"].shape == (T, D)
+            assert client.infer(obs(np.zeros((3, S), np.float32)))["actions"].shape == (T, D)
+            with pytest.raises(ConnectionClosed) as err:  # the silent one, closed after three seconds
+                silent.recv(timeout=20)
+            assert err.value.rcvd.code == 1008
+        raw = connect(port, source="127.0.0.3")  # its slot is free again
+        raw.send(b"\xc1\xc1")
+        assert raw.recv(timeout=20).startswith("error: not a msgpack message (malformed msgpack): received 2 bytes")
+        raw.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_vla_serve_refuses_a_share_larger_than_the_slots(tmp_path, capsys):
+    from vla.cli import main
+
+    folder = tmp_path / "policy"
+    folder.mkdir()
+    assert main(["serve", "--policy", str(folder), "--max-clients", "4", "--max-clients-per-ip", "9"]) == 1
+    err = capsys.readouterr().err
+    assert "vla serve: error: ServeConfig.max_clients_per_ip = 9 is invalid: use 1..max_clients (4)" in err
+    assert list(folder.iterdir()) == []  # nothing written
