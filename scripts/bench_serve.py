@@ -343,9 +343,16 @@ def main(argv: list[str] | None = None) -> None:
         "round_trip": rows,
         "closed_loop": loop,
     }
+    from vla.provenance import provenance
+
+    settings = {k: [str(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v
+                for k, v in vars(args).items()}  # fmt: skip
+    result["provenance"] = provenance(config=settings, dataset=None)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_serve.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "bench_serve.md").write_text(markdown(result))
+    from vla.io import atomic_write_text, write_json
+
+    write_json(args.out / "bench_serve.json", result)
+    atomic_write_text(args.out / "bench_serve.md", markdown(result))
     plot(result, args.out / "bench_serve.png")
     print(markdown(result))
 
