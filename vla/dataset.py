@@ -198,6 +198,28 @@ class ActionChunkDataset(torch.utils.data.Dataset):
             sample[key] = _resized(item[key].float(), key, self.image_size)  # [3, H, W] in [0, 1]
         return sample
 
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        """The samples at ``indices`` (what a DataLoader's batch asks for): the memory backend slices every array once
+        for the whole batch instead of once per sample; the samples are the ones ``__getitem__`` gives."""
+        if self.backend != "memory" or self.obs_steps > 1 or not len(indices):
+            return [self[i] for i in indices]
+        rows = np.asarray(indices, dtype=np.int64)
+        if ((rows < -self._length) | (rows >= self._length)).any():
+            bad = int(rows[(rows < -self._length) | (rows >= self._length)][0])
+            raise IndexError(f"index {bad} out of range for {self._length} samples")
+        rows %= self._length
+        chunks, is_pad = _chunks_at(self._frames, rows, self.time_horizon)  # [n, T, D], [n, T]
+        chunks, is_pad = torch.from_numpy(np.ascontiguousarray(chunks)), torch.from_numpy(is_pad)
+        task_index = self._frames.get("task_index")
+        tasks = [self.info.tasks[int(t)] for t in task_index[rows]] if task_index is not None else [""] * len(rows)
+        columns = {ACTION: chunks, f"{ACTION}_is_pad": is_pad}
+        if self._state:
+            columns[OBS_STATE] = torch.from_numpy(self._frames[OBS_STATE][rows].astype(np.float32))
+        index = torch.from_numpy(rows)
+        for key, frames in self._images.items():
+            columns[key] = frames.index_select(0, index).float() / 255  # [n, 3, H, W] in [0, 1]
+        return [{"task": task, **{k: v[j] for k, v in columns.items()}} for j, task in enumerate(tasks)]
+
     def _memory_sample(self, i: int) -> dict[str, Any]:
         if not -self._length <= i < self._length:
             raise IndexError(f"index {i} out of range for {self._length} samples")

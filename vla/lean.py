@@ -9,10 +9,17 @@ transformers' per-call machinery (mask builders, the dynamic cache, output captu
 preset's) run on one CPU thread (``LeanSteps.SINGLE_THREAD_MACS``). The ids equal the other two paths'
 (``tests/test_decode.py``, greedy and sampled); backbones that are not plain Gemma take transformers' path, and
 ``lean=False`` forces it (the baseline of ``scripts/bench_decode.py``).
+
+Training takes the same route: ``PrefixLM.loss`` gets the loss positions' hidden states from ``suffix_hidden``, the
+same layers as differentiable tensor ops on the batch's valid tokens only (no work on padding), with the last layer's
+MLP run only where the loss reads. ``PrefixLM.compile_training = True`` (``vla train --compile=true``) runs those
+layers through ``torch.compile`` (inductor; shapes dynamic, so FAST's varying lengths do not recompile), and falls
+back to the uncompiled layers, with a warning, where it cannot compile.
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
 
 import torch
@@ -20,6 +27,7 @@ import torch.nn.functional as F
 
 from .sequence import Sequence
 
+logger = logging.getLogger(__name__)
 
 class LeanSteps:
     """The backbone's Gemma layers as plain tensor ops on a static KV cache: ``prefill(prompt, images)`` runs the
@@ -82,9 +90,10 @@ class LeanSteps:
         self.cos, self.sin = cos[:, None], _signed(sin)[:, None]  # [B, 1, N, hd]
 
     @staticmethod
-    def supports(model) -> bool:
-        """Plain Gemma layers without biases (PaliGemma 1 and every preset here) and default RoPE, in eval mode;
-        anything else takes the transformers path (Gemma 2's soft-capping and sliding windows are not written here)."""
+    def supports(model, training: bool = False) -> bool:
+        """Plain Gemma layers without biases (PaliGemma 1 and every preset here) and default RoPE, in eval mode
+        (``training=True``: in either mode, for ``suffix_hidden``); anything else takes the transformers path
+        (Gemma 2's soft-capping and sliding windows are not written here)."""
         try:
             lm = model.backbone.model.language_model
             layers = list(lm.layers)
@@ -99,7 +108,8 @@ class LeanSteps:
             and type(lm.rotary_emb).__name__ == "GemmaRotaryEmbedding"
             and rope == "default"
             and act == "gelu_pytorch_tanh"
-            and not lm.training
+            and float(getattr(lm.config, "attention_dropout", 0.0) or 0.0) == 0.0
+            and (training or not lm.training)
         )
 
     @staticmethod
@@ -115,23 +125,7 @@ class LeanSteps:
         filling cache columns ``0 .. Lp - 1``: the last position's hidden state ``[B, H]``, or with ``last`` > 0 the
         last ``last`` positions' ``[B, last, H]`` (parallel decoding's slots: its one pass)."""
         model = self.model
-        ids = prompt.input_ids.to(model.device)
-        image_id = model.backbone.config.image_token_id
-        placeholders = ids == image_id
-        if bool(prompt.state_slots.any()) or bool(prompt.query_slots.any()):
-            x = model.embed_inputs(ids, prompt.state, prompt.state_slots, prompt.query_slots)
-        else:
-            x = self.embed(ids.masked_fill(placeholders, 0) if image_id >= self.embed.num_embeddings else ids)
-        if images is not None:
-            features = model.backbone.model.get_image_features(model.pixel_values(images)).pooler_output
-            if features.shape[0] * features.shape[1] != int(placeholders.sum()):
-                raise ValueError(
-                    f"{int(placeholders.sum())} image placeholders for {features.shape[0]} images of "
-                    f"{features.shape[1]} tokens; build the prompt for as many cameras as images"
-                )
-            x = x.masked_scatter(placeholders[..., None].expand_as(x), features.to(x.dtype))
-        elif bool(placeholders.any()):
-            raise ValueError("the ids hold image placeholders but no images were given; pass images [B, N, 3, H, W]")
+        x = embed_sequence(model, prompt, images)  # [B, Lp, H]
         cos, sin = self.rotary(x, prompt.position_ids.to(model.device))  # [B, Lp, hd]
         mask = model.additive_mask(prompt.attention_mask)  # [B, 1, Lp, Lp]: the prefix-LM mask
         if last:  # only the last columns go through the final norm (the slots' hidden states)
@@ -206,6 +200,112 @@ class LeanSteps:
         if x.dtype == torch.float32:
             return F.rms_norm(x, x.shape[-1:], weight, self.eps)
         return F.rms_norm(x.float(), x.shape[-1:], weight, self.eps).to(x.dtype)
+
+
+def embed_sequence(model, seq: Sequence, images: torch.Tensor | None) -> torch.Tensor:
+    """``[B, L, H]`` input embeddings of ``seq`` as ``PrefixLM.forward`` builds them: token embeddings (Gemma's, scaled
+    by sqrt(H)), the state encoder's and the query slots' where the sequence marks them, the image features at the
+    placeholders."""
+    ids = seq.input_ids.to(model.device)
+    embed = model.backbone.get_input_embeddings()
+    image_id = model.backbone.config.image_token_id
+    placeholders = ids == image_id
+    if bool(seq.state_slots.any()) or bool(seq.query_slots.any()):
+        x = model.embed_inputs(ids, seq.state, seq.state_slots, seq.query_slots)
+    else:
+        x = embed(ids.masked_fill(placeholders, 0) if image_id >= embed.num_embeddings else ids)
+    if images is not None:
+        features = model.backbone.model.get_image_features(model.pixel_values(images)).pooler_output
+        if features.shape[0] * features.shape[1] != int(placeholders.sum()):
+            raise ValueError(
+                f"{int(placeholders.sum())} image placeholders for {features.shape[0]} images of "
+                f"{features.shape[1]} tokens; build the prompt for as many cameras as images"
+            )
+        x = x.masked_scatter(placeholders[..., None].expand_as(x), features.to(x.dtype))
+    elif bool(placeholders.any()):
+        raise ValueError("the ids hold image placeholders but no images were given; pass images [B, N, 3, H, W]")
+    return x
+
+
+# --- training: the loss positions' hidden states, no work on padding ------------------------------------------------
+def suffix_hidden(model, seq: Sequence, images: torch.Tensor | None = None) -> torch.Tensor:
+    """The final hidden states ``[M, H]`` at the ``M`` positions of ``seq.loss_mask`` (row-major, as
+    ``last_hidden_state[seq.loss_mask]`` orders them), computed with the backbone's own weights and differentiable,
+    doing no work on padding.
+
+    The projections, norms and MLPs run on the ``N`` valid tokens of the batch packed into one ``[N, H]`` matrix (a
+    right-padded FAST batch is 20-30% padding); attention alone sees the padded ``[B, heads, L, hd]`` layout and the
+    prefix-LM mask (its scores are a small share of a step). The last layer's attention output, MLP and the final norm
+    run only where the loss reads (the suffix, a third of the tokens): nothing after the last attention reaches any
+    other position. The arithmetic is transformers' Gemma layer's (``tests/test_model.py`` compares the loss and
+    every gradient); only the order of some sums differs.
+    """
+    lm = model.backbone.model.language_model
+    x = embed_sequence(model, seq, images)  # [B, L, H]
+    valid = seq.valid.to(model.device).reshape(-1)
+    rows = valid.nonzero().squeeze(1)  # [N]: the valid tokens of the flattened [B * L] batch
+    # [M]: where the loss positions sit among the valid ones (every loss position is a valid token)
+    reads = seq.loss_mask.to(model.device).reshape(-1)[rows].nonzero().squeeze(1)
+    cos, sin = lm.rotary_emb(x, seq.position_ids.to(model.device))  # [B, L, hd]
+    mask = model.additive_mask(seq.attention_mask)  # [B, 1, L, L]
+    sin = _signed(sin)
+    if getattr(model, "compile_training", False):
+        try:
+            return _compiled_stack()(lm, x, rows, reads, cos, sin, mask)
+        except Exception as err:  # noqa: BLE001 (no C++ compiler, an op inductor cannot lower, ...): run it eagerly
+            model.compile_training = False
+            reason = (str(err).strip().splitlines() or [""])[0][:200]
+            logger.warning("torch.compile could not compile the training step (%s: %s); training goes on without it "
+                           "(the same arithmetic, uncompiled)", type(err).__name__, reason)  # fmt: skip
+    return _packed_stack(lm, x, rows, reads, cos, sin, mask)
+
+
+def _packed_stack(lm, x, rows, reads, cos, sin, mask):
+    """``suffix_hidden``'s layers: ``x`` ``[B, L, H]`` embeddings, ``rows`` ``[N]`` valid tokens, ``reads`` ``[M]`` loss
+    positions among them, RoPE's ``cos`` and signed ``sin`` ``[B, L, hd]``, the additive mask ``[B, 1, L, L]``."""
+    b, length = x.shape[:2]
+    nh, nkv = lm.config.num_attention_heads, lm.config.num_key_value_heads
+    layers = list(lm.layers)
+    hd = layers[0].self_attn.head_dim
+    half, heads = hd // 2, nh + 2 * nkv
+    x = x.reshape(b * length, -1).index_select(0, rows)  # [N, H]
+    cos = cos.reshape(b * length, 1, hd).index_select(0, rows)  # [N, 1, hd]
+    sin = sin.reshape(b * length, 1, hd).index_select(0, rows)
+    eps = lm.norm.eps
+    for i, layer in enumerate(layers):
+        a, m = layer.self_attn, layer.mlp
+        h = _train_norm(x, layer.input_layernorm.weight, eps)
+        qkv = F.linear(h, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])).view(-1, heads, hd)
+        qk = qkv[:, : nh + nkv]
+        qkv = torch.cat([qk * cos + qk.roll(half, -1) * sin, qkv[:, nh + nkv :]], dim=1)  # RoPE on q and k
+        padded = qkv.new_zeros(b * length, heads, hd).index_copy(0, rows, qkv)  # [B * L, heads, hd]
+        padded = padded.view(b, length, heads, hd).transpose(1, 2)  # [B, heads, L, hd]
+        q, k, v = padded[:, :nh], padded[:, nh : nh + nkv], padded[:, nh + nkv :]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling, enable_gqa=nkv != nh)
+        o = o.transpose(1, 2).reshape(b * length, nh * hd).index_select(0, rows)  # [N, nh * hd]
+        if i == len(layers) - 1:  # the last layer: only the positions the loss reads go on
+            x, o = x.index_select(0, reads), o.index_select(0, reads)
+        x = x + F.linear(o, a.o_proj.weight)
+        h = _train_norm(x, layer.post_attention_layernorm.weight, eps)
+        gate, up = F.linear(h, torch.cat([m.gate_proj.weight, m.up_proj.weight])).chunk(2, dim=-1)
+        x = x + F.linear(m.act_fn(gate) * up, m.down_proj.weight)
+    return _train_norm(x, lm.norm.weight, eps)
+
+
+_COMPILED = []
+
+
+def _compiled_stack():
+    """``_packed_stack`` through ``torch.compile`` (inductor), built on first use; shapes are dynamic from the start, so
+    batches of other lengths do not recompile."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(_packed_stack, dynamic=True))
+    return _COMPILED[0]
+
+
+def _train_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm (computed in float32, scaled by ``1 + weight``), differentiable in ``weight``."""
+    return F.rms_norm(x.float(), x.shape[-1:], 1.0 + weight.float(), eps).to(x.dtype)
 
 
 def _matmul(h: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:

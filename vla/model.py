@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
+from .lean import LeanSteps, suffix_hidden
 from .names import check_name
 from .sequence import Sequence, VocabMap
 from .vision import STRIDES, VISION_ENCODERS, build_tower
@@ -254,6 +255,10 @@ class PrefixLM(nn.Module):
     ``state_encoder`` (optional) writes the state's embeddings into the prefix's state slots; ``slot_embedding``
     (optional, parallel decoding) writes the query slots' learned inputs."""
 
+    # True: ``loss`` runs the backbone's layers through torch.compile (``vla.lean.suffix_hidden``; off by default: the
+    # first steps pay the compilation, ~40 s for tiny on a busy CPU with a warm inductor cache, minutes without)
+    compile_training: bool = False
+
     def __init__(
         self,
         backbone: PaliGemmaForConditionalGeneration,
@@ -372,18 +377,29 @@ class PrefixLM(nn.Module):
         return self.backbone.lm_head(hidden).float()
 
     # --- the two verbs -------------------------------------------------------------------------------------
-    def loss(self, seq: Sequence, images: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self, seq: Sequence, images: torch.Tensor | None = None, *, lean: bool | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """Next-token cross-entropy on the suffix only; logits are computed at those positions only. (Parallel
         decoding: each query slot's own action id, at every slot at once; the sequence's targets say which.)
+
+        ``lean`` (None: wherever the backbone allows it, ``LeanSteps.supports``): the hidden states come from
+        ``vla.lean.suffix_hidden``, the backbone's own layers as plain tensor ops with no work on padding and the last
+        layer run only where the loss reads; ``False`` runs transformers' forward (the reference it is tested against).
 
         Metrics (0-d tensors, so nothing waits for the device until the caller reads them): ``loss``,
         ``accuracy`` (greedy next-token accuracy on the action ids), ``suffix_tokens``.
         """
         seq = seq.to(self.device)
-        out = self(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.token_type_ids,
-                   images=images, state=seq.state, state_slots=seq.state_slots,
-                   query_slots=seq.query_slots)  # fmt: skip
-        hidden = out.last_hidden_state[seq.loss_mask]  # [N, hidden], N = suffix targets in the batch
+        if lean is None:
+            lean = LeanSteps.supports(self, training=True)
+        if lean:
+            hidden = suffix_hidden(self, seq, images)  # [N, hidden], N = suffix targets in the batch
+        else:
+            out = self(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.token_type_ids,
+                       images=images, state=seq.state, state_slots=seq.state_slots,
+                       query_slots=seq.query_slots)  # fmt: skip
+            hidden = out.last_hidden_state[seq.loss_mask]  # [N, hidden], N = suffix targets in the batch
         logits = self.logits(hidden)  # [N, V]
         targets = seq.targets[seq.loss_mask]  # [N]
         loss = F.cross_entropy(logits, targets)

@@ -43,6 +43,7 @@ Training rows are right-padded (``build_training_sequence``); inference prompts 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -247,6 +248,9 @@ class SequenceLayout:
         self.state_bins = int(state_bins)
         self.stats = LayoutStats()
         self._edges = np.linspace(-1.0, 1.0, self.state_bins + 1)[:-1]
+        # (task, state size) -> prefix ids, where they do not depend on the state's values (state slots or no state)
+        # and the task fitted whole: the same prompt is spelled once, not once per sample.
+        self._prefixes: dict[tuple[str, int], list[int]] = {}
 
     @property
     def num_image_tokens(self) -> int:
@@ -266,11 +270,12 @@ class SequenceLayout:
         """Normalised state ``[S]`` -> ints in ``[0, state_bins)`` (openpi's ``np.digitize``), clipping counted."""
         return np.digitize(self.clipped_state(state), self._edges) - 1
 
-    def prefix_text_ids(self, task: str, state: np.ndarray) -> list[int]:
+    def prefix_text_ids(self, task: str, state: np.ndarray, *, checked: bool = False) -> list[int]:
         """``BOS "Task: {task}, State: {s};\\n"`` as ids, cutting the task (logged) if it does not fit.
 
         With ``state_encoding="embedding"`` the state is ``state_tokens`` slots, written as ``-1`` here; an empty state
-        (``[0]``, a policy without state) leaves out ``", State: ..."`` altogether.
+        (``[0]``, a policy without state) leaves out ``", State: ..."`` altogether. ``checked``: the caller has
+        already checked and counted this state (``clipped_state``), so it is not counted twice.
         """
         task = clean_task(task)
         encode = self.vocab.text.encode
@@ -284,7 +289,8 @@ class SequenceLayout:
             def render(task: str) -> list[int]:
                 return [self.vocab.text.bos_id, *encode(f"Task: {task}, State: {state_text};\n")]
         else:
-            self.clipped_state(state)  # checked and counted here; _pack stores the clipped values
+            if not checked:
+                self.clipped_state(state)  # checked and counted here; _pack stores the clipped values
             slots, tail = [_STATE_SLOT] * self.state_tokens, encode(";\n")
 
             def render(task: str) -> list[int]:
@@ -314,6 +320,27 @@ class SequenceLayout:
         """The whole prefix of one sample: image placeholders, then the text."""
         return [self.vocab.text.image_id] * self.num_image_tokens + self.prefix_text_ids(task, state)
 
+    def _prefix_rows(self, tasks: list[str], states: np.ndarray) -> list[list[int]]:
+        """``prefix_ids`` of every row of a checked batch. Where the ids do not depend on the state's values (state
+        slots, or no state) each task's are built once and reused; the state is still checked and its clipping
+        counted, batch-wide, exactly as row by row."""
+        fixed = states.shape[1] == 0 or self.state_encoding == "embedding"
+        if not fixed or len(self._prefixes) > 4096:  # a state as text varies row by row (as would a stream of tasks)
+            return [self.prefix_ids(t, s) for t, s in zip(tasks, states)]
+        if states.shape[1]:
+            self.clipped_state(states)  # checked and counted, as prefix_text_ids does per row
+        images, rows = [self.vocab.text.image_id] * self.num_image_tokens, []
+        for task, state in zip(tasks, states):
+            key = (task, len(state))
+            ids = self._prefixes.get(key)
+            if ids is None:
+                cut = self.stats.tasks_truncated
+                ids = images + self.prefix_text_ids(task, state, checked=True)
+                if self.stats.tasks_truncated == cut:  # a cut task is cut (and logged) again every time
+                    self._prefixes[key] = ids
+            rows.append(ids)
+        return rows
+
     def suffix_ids(self, action_ids: list[int] | np.ndarray) -> list[int]:
         """``"Action: "`` + action ids mapped into the vocabulary + ``"|"`` + EOS."""
         mapped = self.vocab.action_to_vocab(np.asarray(action_ids, dtype=np.int64)).tolist()
@@ -331,7 +358,7 @@ class SequenceLayout:
             suffix = [_QUERY_SLOT] * self.num_slots
         else:
             suffix = list(self.vocab.marker_ids) if with_marker else []
-        rows = [(self.prefix_ids(t, s), suffix) for t, s in zip(tasks, states)]
+        rows = [(prefix, suffix) for prefix in self._prefix_rows(tasks, states)]
         return self._pack(rows, states, pad_left=True)
 
     def build_training_sequence(
@@ -351,9 +378,9 @@ class SequenceLayout:
                     f"parallel decoding has {self.num_slots} slots per chunk but got chunks of {lengths} ids: the "
                     "tokenizer is not fixed-length; use decoding='autoregressive' or a bin/fsq/beast tokenizer"
                 )
-            rows = [(self.prefix_ids(t, s), [_QUERY_SLOT] * self.num_slots) for t, s in zip(tasks, states)]
+            rows = [(prefix, [_QUERY_SLOT] * self.num_slots) for prefix in self._prefix_rows(tasks, states)]
             return self._pack(rows, states, pad_left=False, slot_targets=action_ids)
-        rows = [(self.prefix_ids(t, s), self.suffix_ids(a)) for t, s, a in zip(tasks, states, action_ids)]
+        rows = [(prefix, self.suffix_ids(a)) for prefix, a in zip(self._prefix_rows(tasks, states), action_ids)]
         return self._pack(rows, states, pad_left=False)
 
     def _check_batch(self, tasks: list[str], states: np.ndarray) -> np.ndarray:
@@ -377,17 +404,19 @@ class SequenceLayout:
 
         ``slot_targets``: parallel training rows, the action ids the query slots predict (one per slot)."""
         pad = self.vocab.text.pad_id
-        width = max(len(p) + len(s) for p, s in rows)
         b = len(rows)
-        input_ids = torch.full((b, width), pad, dtype=torch.long)
-        valid = torch.zeros((b, width), dtype=torch.bool)
-        in_suffix = torch.zeros((b, width), dtype=torch.bool)
-        for i, (prefix, suffix) in enumerate(rows):
-            n = len(prefix) + len(suffix)
-            start = width - n if pad_left else 0
-            input_ids[i, start : start + n] = torch.tensor(prefix + suffix, dtype=torch.long)
-            valid[i, start : start + n] = True
-            in_suffix[i, start + len(prefix) : start + n] = True
+        prefix_lens = np.fromiter((len(p) for p, _ in rows), dtype=np.int64, count=b)
+        lengths = prefix_lens + np.fromiter((len(s) for _, s in rows), dtype=np.int64, count=b)
+        width = int(lengths.max())
+        start = width - lengths if pad_left else np.zeros(b, dtype=np.int64)  # [B] each row's first column
+        column = np.arange(width)
+        valid_np = (column >= start[:, None]) & (column < (start + lengths)[:, None])  # [B, L]
+        ids_np = np.full((b, width), pad, dtype=np.int64)
+        # every row's tokens are contiguous and in order, so the row-major True cells take the rows' ids in turn
+        ids_np[valid_np] = np.fromiter(itertools.chain.from_iterable(p + s for p, s in rows), dtype=np.int64,
+                                       count=int(lengths.sum()))  # fmt: skip
+        input_ids, valid = torch.from_numpy(ids_np), torch.from_numpy(valid_np)
+        in_suffix = torch.from_numpy(valid_np & (column >= (start + prefix_lens)[:, None]))
         # Every token with ar = 1 opens its own causal block: the suffix's (prefix-LM), or every valid one (causal).
         ar = (in_suffix if self.attention == "prefix_lm" else valid).long()
         state_slots = input_ids == _STATE_SLOT
@@ -413,7 +442,7 @@ class SequenceLayout:
                 targets[query_slots] = torch.as_tensor(self.vocab.action_to_vocab(flat))  # row-major, as the slots
                 target_in_suffix = query_slots.clone()
             action_mask = target_in_suffix.clone()
-        prefix_len = torch.tensor([len(p) for p, _ in rows], dtype=torch.long)
+        prefix_len = torch.from_numpy(prefix_lens)
         state = torch.as_tensor(np.clip(states, -1.0, 1.0), dtype=torch.float32)  # clipped as the text path is
         return Sequence(input_ids, valid, ar, position_ids, targets, target_in_suffix, action_mask, prefix_len,
                         state, state_slots, query_slots)  # fmt: skip

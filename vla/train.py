@@ -280,9 +280,14 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     policy = VLAPolicy.from_pretrained(resume_from / "policy") if resume_from else build_policy(cfg, info, train_eps)
     policy.train()
 
-    # LeRobot's presets from the policy config: the same optimiser and schedule under lerobot-train.
+    # LeRobot's presets from the policy config: the same optimiser and schedule under lerobot-train. Its AdamW runs as
+    # one fused kernel over every tensor where torch has one (CPU, CUDA): the same update, ~4x faster than the
+    # per-tensor loop on CPU for tiny.
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = policy.config.get_optimizer_preset().build(params)
+    preset = dataclasses.asdict(policy.config.get_optimizer_preset())
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params) or None
+    optimizer = torch.optim.AdamW(params, **{k: v for k, v in preset.items() if k != "grad_clip_norm"}, fused=fused)
+    policy.model.compile_training = cfg.compile  # torch.compile of the layers in the step (vla.lean), or not
     clip_norm = policy.config.optimizer_grad_clip_norm  # read before accelerate wraps the policy (DDP)
     # LeRobot's preset shrinks its warm-up and decay to a run shorter than scheduler_decay_steps; here the schedule is a
     # function of the step alone, so a run resumed with more --steps continues the schedule it started.
