@@ -93,8 +93,8 @@ workers: 2
     assert "--tokenizer.n_bins=32" in summary["runs"][1]["provenance"]["command"]
     assert [c["tokenizer"] for c in summary["cells"]] == ["fast", "bin"] and summary["cells"][0]["seeds"] == [0]
     assert summary["comparisons"][0]["p_value"] is None  # one seed a cell: a number, not a verdict
-    assert "too few seeds" in (results / "table.md").read_text()
-    assert (results / "table.md").read_text().count("| default |") == 3 and (results / "success.png").stat().st_size > 0
+    assert "too few seeds" in (results / "README.md").read_text()
+    assert (results / "README.md").read_text().count("| default |") == 3 and (results / "success.png").stat().st_size > 0
     evaluation = json.loads((work / "default-bin-s0" / "eval" / "eval_info.json").read_text())
     assert evaluation["provenance"]["config"]["train"]["seed"] == 0  # vla eval's own file says what produced it
 

@@ -2,7 +2,7 @@
 over seeds with its spread and an interval, every run traceable to what produced it.
 
     study = load_study("configs/studies/push_pixels.yaml")
-    summary = run_study(study)          # resumable; writes results/<name>/runs.json, table.md, success.png
+    summary = run_study(study)          # resumable; writes results/<name>/runs.json, README.md, success.png
 """
 
 from vla.study.runner import run_study

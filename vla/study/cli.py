@@ -12,14 +12,15 @@ def add_cli(subparsers) -> None:
     run = sub.add_parser("run", help="train and evaluate every run of a study not yet finished (resumable)")
     run.add_argument("study", type=Path, help="a study file (configs/studies/*.yaml)")
     run.add_argument("--work", type=Path, default=None, help="run folders (default: outputs/studies/<name>)")
-    run.add_argument("--results", type=Path, default=None, help="runs.json, table.md, success.png (default: results/<name>)")
+    run.add_argument("--results", type=Path, default=None, help="runs.json, README.md, success.png (default: results/<name>)")
     run.add_argument("--workers", type=int, default=None, help="runs side by side (default: the study's)")
     run.add_argument("--allow-dirty", action="store_true",
                      help="run with uncommitted changes (each run records dirty: true)")
     run.add_argument("--dry-run", action="store_true", help="list the runs and their commands, run nothing")
     run.set_defaults(func=_run)
-    table = sub.add_parser("table", help="write table.md and success.png again from a study's runs.json")
+    table = sub.add_parser("table", help="write README.md and success.png again from a study's runs.json")
     table.add_argument("results", type=Path, help="a study's results folder (holding runs.json)")
+    table.add_argument("--study", type=Path, default=None, help="the study file, read again for its description")
     table.set_defaults(func=_table)
 
 
@@ -50,7 +51,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _table(args: argparse.Namespace) -> int:
     from vla.study.report import rewrite
+    from vla.study.spec import load_study
 
-    summary = rewrite(args.results)
-    print(f"wrote {args.results}/table.md and success.png ({len(summary['runs'])} runs)")
+    summary = rewrite(args.results, load_study(args.study) if args.study else None)
+    print(f"wrote {args.results}/README.md and success.png ({len(summary['runs'])} runs)")
     return 0

@@ -1,4 +1,4 @@
-"""A study's results: ``runs.json`` (every finished run), ``table.md`` (a row per grid cell: mean over training
+"""A study's results: ``runs.json`` (every finished run), ``README.md`` (the question, the command, a row per grid cell: mean over training
 seeds, spread, each seed, Wilson 95% interval over the pooled episodes; then which gaps are significant) and
 ``success.png`` (a bar per cell at its mean, the seeds as dots, the Wilson interval as a line).
 """
@@ -50,6 +50,10 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
     total = len(study.runs())
     lines = [
         f"# Study `{study.name}`",
+        "",
+        *([f"**Question.** {study.question}", ""] if study.question else []),
+        f"**Reproduce:** `vla study run {study.path}` (resumable; `vla study table` redraws this page from "
+        "`runs.json`, where every run records its commit, config, dataset fingerprint, threads and packages).",
         "",
         f"{len(runs)} of {total} runs finished. Each run: `vla train --config_path {study.config}` "
         f"{' '.join(study.train)} with its setting's and tokenizer's arguments and `--seed`, then "
@@ -104,7 +108,7 @@ def plot(study: Study, table: dict, path: Path) -> None:
 
 
 def write_results(study: Study, runs: list[dict[str, Any]], out: Path, fingerprint: dict[str, Any] | None) -> dict:
-    """``runs.json``, ``table.md``, ``success.png`` under ``out``; returns what ``runs.json`` holds."""
+    """``runs.json``, ``README.md``, ``success.png`` under ``out``; returns what ``runs.json`` holds."""
     out.mkdir(parents=True, exist_ok=True)
     table = cells(study, runs)
     pairs = comparisons(study, table)
@@ -118,15 +122,16 @@ def write_results(study: Study, runs: list[dict[str, Any]], out: Path, fingerpri
         "provenance": provenance(config=dataclasses.asdict(study), fingerprint=fingerprint),
     }
     write_json(out / "runs.json", summary)
-    atomic_write_text(out / "table.md", markdown(study, table, pairs, runs))
+    atomic_write_text(out / "README.md", markdown(study, table, pairs, runs))
     if table:
         plot(study, table, out / "success.png")
     return summary
 
 
-def rewrite(results: Path) -> dict[str, Any]:
-    """The table and plot again from a ``runs.json`` (``vla study table DIR``)."""
+def rewrite(results: Path, study: Study | None = None) -> dict[str, Any]:
+    """The README and plot again from a ``runs.json`` (``vla study table DIR``); ``study`` (the study file read
+    again) replaces the recorded description, e.g. after its question was reworded."""
     summary = read_json(Path(results) / "runs.json", "study results")
-    study = Study(**summary["study"], path=summary.get("study_file"))
+    study = study or Study(**summary["study"], path=summary.get("study_file"))
     fingerprint = summary.get("provenance", {}).get("dataset")
     return write_results(study, summary["runs"], Path(results), fingerprint)

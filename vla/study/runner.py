@@ -2,12 +2,12 @@
 time with ``threads`` torch threads each, resumable, every finished run recorded with what produced it.
 
     vla study run configs/studies/push_pixels.yaml     # trains + evaluates what is not done yet, then the table
-    vla study table results/push_pixels                # the table and plot again from runs.json
+    vla study table results/push_pixels                # the README and plot again from runs.json
 
 Layout: ``outputs/studies/<name>/<run id>/`` holds each run's training folder (``train/``), its evaluation
 (``eval/eval_info.json``), its log and, once finished, ``run.json``; ``results/<name>/`` holds ``runs.json`` (every
 finished run: its full training config, commit, dataset fingerprint, threads, package versions, wall times and
-per-episode successes), ``table.md`` and ``success.png`` (``vla.study.report``), rewritten after every run.
+per-episode successes), ``README.md`` (question, command, table) and ``success.png`` (``vla.study.report``), rewritten after every run.
 
 A killed study continues where it stopped: finished runs (``run.json``) are kept, a training with checkpoints is
 resumed from its last one (``--resume=true``, exact), one killed before its first checkpoint starts again, and an

@@ -2,6 +2,7 @@
 by ``vla train`` and evaluated by ``vla eval``. Read from a YAML file (``configs/studies/*.yaml``):
 
     name: push_pixels                      # results/<name>/ and outputs/studies/<name>/
+    question: Which tokenizer acts best from pixels?   # the head of results/<name>/README.md
     dataset: outputs/datasets/metaworld_push-v3_pixels
     record: [--task, push-v3, --episodes, "200", --images, ...]    # `vla data record` arguments when it is missing
     config: configs/images.yaml            # the base training config
@@ -57,6 +58,7 @@ class Study:
     record: list[str] | None = None
     workers: int = 2
     threads: int = 1
+    question: str = ""  # what the study asks, in a sentence: the head of results/<name>/README.md
     path: str | None = None  # the YAML it was read from
 
     def runs(self) -> list[Run]:
@@ -92,6 +94,7 @@ def load_study(path: str | Path) -> Study:
         if not ok:
             raise ValueError(f"{path}: '{key}' = {raw.get(key)!r} is invalid: {fix}")
 
+    check(isinstance(raw.get("question", ""), str), "question", "one sentence of text")
     check(isinstance(raw["name"], str) and bool(_NAME.match(raw["name"])), "name", "use letters, digits, '_' or '.'")
     for key in ("tokenizers", "settings"):
         if key in raw:
