@@ -198,19 +198,17 @@ def test_a_resumed_run_keeps_its_own_choices(arm_50hz, tmp_path, capsys):
 
 SHAPES = {
     "state_ne_action": dict(state=5, action=3, action_names=["a", "b", "gripper"], state_names=list("vwxyz")),
-    "unmatched_state": dict(state=2, action=3),
     "no_state": dict(state=None, cameras={"observation.images.top": (24, 32)}),
     "two_cameras": dict(cameras={"observation.images.top": (24, 32), "observation.images.wrist": (16, 20)}),
     "video": dict(cameras={"observation.images.top": (32, 32)}, video=True, episodes=3),
-    "nested_names": dict(state=4),
-    "50hz": dict(fps=50, frames=40),
+    "nested_names_50hz": dict(state=4, fps=50, frames=40),
 }
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_each_shape_trains_with_the_defaults_and_reports(shape, tmp_path):
     root = make_dataset(tmp_path / shape, **SHAPES[shape])
-    if shape == "nested_names":
+    if shape == "nested_names_50hz":
         set_names(root, "action", [["j0", "j1", "gripper"]])
         set_names(root, "observation.state", {"motors": ["c", "j0", "j1"], "grippers": ["gripper"]})
     info = data.dataset_info(root)
@@ -222,9 +220,11 @@ def test_each_shape_trains_with_the_defaults_and_reports(shape, tmp_path):
     report = json.loads((tmp_path / "run" / "offline_report.json").read_text())
     assert report["n_chunks"] > 0 and np.isfinite(report["policy"]["rmse"])
     assert len(report["action_names"]) == info.action_dim
-    if shape == "nested_names":
+    if shape == "nested_names_50hz":  # matched by name once read flat
         assert report["action_names"] == ["j0", "j1", "gripper"] and p["relative_actions"] == [True, True, False]
     if shape == "state_ne_action":  # 5-D state, 3-D action named differently: matched by values
         assert p["action_state_dims"] == [1, 2, 3] and report["baselines"]["hold_state"] is not None
-    if shape in ("no_state", "unmatched_state"):
+    if shape == "no_state":
         assert report["baselines"]["hold_state"] is None and p["relative_actions"] == "none"
+    if shape == "two_cameras":  # a 3-D state and a 3-D action that do not track each other: one to one, all absolute
+        assert p["action_state_dims"] == [0, 1, 2] and p["relative_actions"] == [False, False, False]

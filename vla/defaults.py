@@ -36,7 +36,10 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from vla import data
 from vla.policy.configuration_vla import AUTO
 
-CHUNK_SECONDS = 0.5  # see docs/own-dataset.md: the measured choice
+# The chunk's default length: the configs that work span 0.125 s (push-v3, 80 Hz, T=10) to 1 s (ALOHA, 50 Hz, T=50),
+# piper_grape's best 0.33 s (15 Hz, T=5); 0.5 s beat both baselines on piper_grape, piper_fruit and so101_orange_cube
+# with nothing else given (results/own_dataset/README.md)
+CHUNK_SECONDS = 0.5
 STATE_HISTORY = 3  # states a state-only policy reads (configs/piper_grape.yaml's n_obs_steps)
 HELDOUT_SHARE = 0.1  # share of episodes kept out for the offline report
 TRACKS = 0.5  # an action dim tracks a state dim when RMS(action - state) < TRACKS * std(action)
