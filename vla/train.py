@@ -265,6 +265,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     saved_policy = cfg.policy if cfg.policy.pretrained_path is not None else None  # fine-tuning (--policy.path)
     if saved_policy is not None and not cfg.resume:  # the saved policy fits the data: checked before any change
         check_finetuning(cfg, info)
+    cfg = cfg.resolved(info, log=print if accelerator.is_main_process else None)  # unset settings from the data
     if saved_policy is not None:  # a saved policy's settings stand as trained: nothing is chosen for them
         cfg = dataclasses.replace(cfg, policy=saved_policy)
     train_eps, heldout_eps = data.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
