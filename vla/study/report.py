@@ -66,9 +66,10 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
     ]
     for (setting, tok), c in table.items():
         few = " (too few seeds for a verdict)" if len(c["seeds"]) < MIN_SEEDS else ""
+        spread = f"{100 * c['std']:.1f} pts" if len(c["seeds"]) > 1 else "n/a"
         per_seed = ", ".join(f"s{s}: {_pct(r)}" for s, r in zip(c["seeds"], c["rates"]))
         lines.append(
-            f"| {setting} | {tok} | {len(c['seeds'])}{few} | **{_pct(c['mean'])}** | {100 * c['std']:.1f} pts | "
+            f"| {setting} | {tok} | {len(c['seeds'])}{few} | **{_pct(c['mean'])}** | {spread} | "
             f"{_pct(c['min'])} | {per_seed} | {_pct(c['wilson95'][0])}-{_pct(c['wilson95'][1])} ({c['episodes']}) |"
         )
     if pairs:
@@ -76,7 +77,7 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
         for p in pairs:
             pv = "n/a" if p["p_value"] is None else f"{p['p_value']:.3f}"
             lines.append(f"| {p['setting']} | {p['better']} | {p['worse']} | {100 * p['gap']:+.0f} pts | {pv} | "
-                         f"{'yes' if p['significant'] else 'no'} |")  # fmt: skip
+                         f"{'no verdict (' + p['why'] + ')' if p['p_value'] is None else 'yes' if p['significant'] else 'no'} |")  # fmt: skip
     lines += ["", "![success per cell](success.png)", ""]
     return "\n".join(lines)
 
