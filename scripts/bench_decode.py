@@ -254,6 +254,79 @@ def bench_policy(path: Path, reps: int) -> list[dict]:
     return rows
 
 
+# Robots of every width, as their policies are trained (state only, the state as one embedding, tiny, FAST): name ->
+# (time_horizon, action_dim, state_dim, FAST scale, ids per chunk of the trained policy). The FAST scale is the one
+# whose encoding of the synthetic chunks has about the trained policy's ids per chunk; the weights are random (seed 0),
+# and a seeded state is drawn until the untrained model's greedy chunk is within 25% of that count (reported).
+WIDE = {"push": (10, 4, 39, 10.0, 9), "wide26": (10, 26, 26, 6.0, 36), "aloha": (50, 14, 14, 5.0, 27)}
+
+
+def bench_wide(names: list[str], threads: list[int], reps: int) -> list[dict]:
+    """p50 of a whole chunk (prompt, lean prefill and steps under the constraint, detokenising) per robot width and
+    number of torch threads, with where a chunk's time goes (prefill, model step, constraint per step)."""
+    from vla.decode import LeanSteps, _intra_op_threads
+
+    rows = []
+    for name in names:
+        t, d, s, scale, target = WIDE[name]
+        chunks = smooth_chunks(1000, t, d, seed=0)
+        tok = at.FASTTokenizer.fit(chunks, scale=scale, vocab_size=1024)
+        data_ids = float(np.mean([len(r) for r in tok.encode(chunks[:200])]))
+        vocab = VocabMap.compact(tok.vocab_size, words=list(dict.fromkeys(TASK.split())))
+        model = build_model("tiny", vocab, num_cameras=0, seed=0, state_dim=s, state_tokens=1).eval()
+        layout = SequenceLayout(vocab, num_cameras=0, state_encoding="embedding")
+        constraint = VocabConstraint(tok.constraint(time_horizon=t, action_dim=d), vocab)
+        budget = constraint.max_length + 1
+        rng = np.random.default_rng(0)
+        for _ in range(50):  # a state whose untrained greedy chunk has a trained policy's length
+            state = rng.uniform(-1, 1, (1, s))
+            gen, _ = predict(model, layout, tok, constraint, None, state, max_new_tokens=budget, t=t, d=d)
+            if abs(len(gen.ids[0]) - target) <= 0.25 * target:
+                break
+        ids = len(gen.ids[0])
+        constraint_ms = constraint_ms_per_step(constraint, gen.tokens)
+        for n in threads:
+            before = torch.get_num_threads()
+            torch.set_num_threads(n)
+            try:
+                times, prefill, step = [], [], []
+                prompt = layout.build_prefix([TASK], state)
+                token = torch.tensor([vocab.end_id])
+                for rep in range(reps + 1):  # the first run warms up and is dropped
+                    start = time.perf_counter()
+                    g, out = predict(model, layout, tok, constraint, None, state, max_new_tokens=budget, t=t, d=d)
+                    elapsed = (time.perf_counter() - start) * 1000
+                    with torch.inference_mode():
+                        a = time.perf_counter()
+                        with _intra_op_threads(LeanSteps.threads_for(model, rows=prompt.input_ids.numel())):
+                            lean = LeanSteps(model, prompt, budget)
+                            lean.prefill(prompt, None)
+                        b = time.perf_counter()
+                        with _intra_op_threads(LeanSteps.threads_for(model, rows=1)):
+                            for k in range(8):
+                                model.logits(lean(token, k))
+                        c = time.perf_counter()
+                    if rep:
+                        assert g.ids == gen.ids and bool(out.valid[0])  # greedy: the same chunk every time
+                        times.append(elapsed)
+                        prefill.append((b - a) * 1000)
+                        step.append((c - b) * 1000 / 8)
+            finally:
+                torch.set_num_threads(before)
+            p50 = float(np.percentile(times, 50))
+            row = {"robot": name, "time_horizon": t, "action_dim": d, "state_dim": s, "fast_scale": scale,
+                   "threads": n, "decoder": "lean", "ids_per_chunk": ids, "trained_ids_per_chunk": target,
+                   "tokenizer_ids_per_chunk": round(data_ids, 1), "decode_steps": g.steps,
+                   "latency_ms_p50": round(p50, 2), "latency_ms_p95": round(float(np.percentile(times, 95)), 2),
+                   "ms_per_step_p50": round(p50 / g.steps, 3), "prefill_ms_p50": round(float(np.median(prefill)), 2),
+                   "lean_step_ms_p50": round(float(np.median(step)), 3),
+                   "constraint_ms_per_step": round(constraint_ms, 4), "reps": reps,
+                   "load_average": round(os.getloadavg()[0], 2)}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """Per (preset, tokenizer): KV-cache speed-up over recomputation and the constraint's latency cost."""
     out = []
@@ -293,7 +366,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decoders", nargs="+", default=DEFAULT_DECODERS, choices=list(DECODERS))
     parser.add_argument("--policy", type=Path, default=None, help="also time this saved policy's predict_action_chunk")
     parser.add_argument("--policy-reps", type=int, default=40)
+    parser.add_argument("--wide", nargs="*", default=None, choices=list(WIDE),
+                        help="only the robots of every width (state-only tiny FAST policies): "
+                        f"{', '.join(WIDE)} (none named: all), at --wide-threads")  # fmt: skip
+    parser.add_argument("--wide-threads", nargs="+", type=int, default=[1, 2])
     args = parser.parse_args(argv)
+    if args.wide is not None:
+        return write_wide(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     args.reps = {p: args.reps or {"tiny": 20, "small": 6}.get(p, 3) for p in args.presets}
@@ -328,6 +407,33 @@ def main(argv: list[str] | None = None) -> None:
     tmp.replace(args.out)
     for s in result["summary"]:
         print(s)
+
+
+def write_wide(args) -> None:
+    from vla.io import atomic_write_text, write_json
+    from vla.provenance import provenance
+
+    reps = args.reps or 20
+    rows = bench_wide(args.wide or list(WIDE), args.wide_threads, reps)
+    record = {"meta": {"device": "cpu", "preset": "tiny", "batch": 1, "cameras": 0, "state_encoding": "embedding",
+                       "decoding": "greedy under the constraint, lean loop, random weights (seed 0)",
+                       "cpus": os.cpu_count(), "load_average": os.getloadavg()},
+              "wide": rows, "provenance": provenance(config={"wide": WIDE, "threads": args.wide_threads, "reps": reps})}  # fmt: skip
+    write_json(args.out, record)
+    lines = ["# Decoding latency per robot width (`scripts/bench_decode.py --wide`)", "",
+             f"tiny, batch 1, state only (one embedding), FAST, greedy under the constraint, the lean loop, {reps} "
+             f"repetitions after one warm-up, {os.cpu_count()} shared cores. ids: the chunk decoded (random weights, "
+             "a state chosen so that it has about a trained policy's count), the trained policy's, and the "
+             "tokenizer's own mean on the synthetic chunks.", "",
+             "| robot | T x D | threads | ids (trained, tokenizer) | p50 ms | p95 ms | per step ms | prefill ms | "
+             "model step ms | constraint ms/step | load |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['robot']} | {r['time_horizon']} x {r['action_dim']} | {r['threads']} | {r['ids_per_chunk']} "
+                     f"({r['trained_ids_per_chunk']}, {r['tokenizer_ids_per_chunk']}) | {r['latency_ms_p50']} | "
+                     f"{r['latency_ms_p95']} | {r['ms_per_step_p50']} | {r['prefill_ms_p50']} | {r['lean_step_ms_p50']} | "
+                     f"{r['constraint_ms_per_step']} | {r['load_average']} |")  # fmt: skip
+    atomic_write_text(args.out.with_suffix(".md"), "\n".join(lines) + "\n")
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

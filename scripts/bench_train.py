@@ -1,15 +1,22 @@
 #!/usr/bin/env python
-"""Training throughput, end to end: samples/s of `vla train` (loading, tokenising, packing and the optimiser step),
-per preset, tokenizer and number of DataLoader workers.
+"""Training throughput, end to end: samples/s of `vla train` (loading, tokenising, packing, forward, backward, the
+optimiser and EMA step, one checkpoint) per recipe and number of torch threads, old code against new.
 
-    python scripts/bench_train.py --out results/bench_train.json [--presets tiny] [--workers 0,2] [--steps 60]
-    python scripts/bench_train.py --before /path/to/an/older/checkout ...   # the same runs on both, interleaved
+    python scripts/bench_train.py --before /path/to/an/older/checkout [--after /path/to/a/checkout] \\
+        [--recipes fast,images,aloha] [--threads 1,2] [--steps 100] [--repeats 3] [--compiled]
 
-Each configuration is one `python -m vla.cli train` process on the default Meta-World dataset (recorded first if
-missing; state only, batch 32, configs/<tokenizer>.yaml), timed by the trainer itself over all its steps (one
-checkpoint included), ``--repeats`` times. ``--before`` runs another checkout of this project with the same
-interpreter too, alternating with this one run by run, so that both see the same load on a shared machine; the
-median of the repeats is reported.
+Each measurement is one `python -m vla.cli train` process (batch 32, ``configs/<recipe>.yaml``, no held-out
+episodes, ``--num_workers=0``, ``OMP_NUM_THREADS`` = the thread count) of the checkout named by its label, on a small
+dataset this script records once under ``outputs/bench_train/`` (``vla data record``): push-v3 state (``fast``),
+push-v3 from a 64 px camera with proprioception (``images``), ALOHA transfer-cube at 50 Hz, 14-D (``aloha``).
+The checkouts run with the same interpreter, alternating run by run (recipe, threads, code), so that all see the
+same load on a shared machine; the median of the repeats is reported, with the machine's load average beside each
+run; the files are rewritten after every round of runs. ``--compiled`` also runs the new checkout with ``--compile=true`` (``torch.compile`` of the layers).
+
+Two rates per run: ``samples_per_s``, the trainer's own (every step, the first included, and the final checkpoint),
+and ``steady_samples_per_s`` from its metrics (logged every 10 steps) over the steps after the first 20, which leaves
+out warm-up (and compilation, for ``--compiled``). ``final_loss``: the loss at the last step; the runs are seeded, so
+old and new code see the same batches and start from the same weights.
 """
 
 from __future__ import annotations
@@ -17,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -27,57 +33,178 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = Path("outputs/bench_train")
+# recipe -> (config, dataset folder, `vla data record` arguments)
+RECIPES = {
+    "fast": ("fast", "push", ["--episodes", "20"]),
+    "images": ("images", "pixels", ["--episodes", "20", "--observation", "proprio", "--images", "--camera",
+                                    "observation.images.workspace", "--image-size", "64"]),  # fmt: skip
+    "aloha": ("aloha", "aloha", ["--env", "aloha", "--task", "transfer-cube", "--episodes", "6"]),
+}
+LOG_EVERY, WARMUP_STEPS, BATCH = 10, 20, 32
 
 
-def run(code: Path, tokenizer: str, preset: str, workers: int, steps: int, dataset: Path) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=f"{code}:{code / 'tokenizers'}")
+def environment(code: Path, threads: int) -> dict[str, str]:
+    return dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=f"{code}:{code / 'tokenizers'}",
+                OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))  # fmt: skip
+
+
+def ensure_datasets(recipes: list[str]) -> dict[str, Path]:
+    roots = {}
+    for name in recipes:
+        _, folder, record = RECIPES[name]
+        root = (ROOT / DATA / folder).resolve()
+        if not (root / "meta" / "info.json").is_file():
+            args = [sys.executable, "-m", "vla.cli", "data", "record", *record, "--root", str(root), "--quiet"]
+            done = subprocess.run(args, env=environment(ROOT, 1), capture_output=True, text=True, cwd=ROOT)
+            if done.returncode:
+                raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
+        roots[name] = root
+    return roots
+
+
+def run(code: Path, recipe: str, dataset: Path, threads: int, steps: int, extra: list[str]) -> dict:
+    config = RECIPES[recipe][0]
     with tempfile.TemporaryDirectory() as out:
-        args = [sys.executable, "-m", "vla.cli", "train", f"--config_path={code / 'configs' / f'{tokenizer}.yaml'}",
+        args = [sys.executable, "-m", "vla.cli", "train", f"--config_path={code / 'configs' / f'{config}.yaml'}",
                 f"--dataset_root={dataset}", f"--output_dir={out}", f"--steps={steps}", f"--save_every={steps}",
-                f"--num_workers={workers}", "--progress=false", f"--policy.preset={preset}"]  # fmt: skip
-        done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=code)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
+                f"--log_every={LOG_EVERY}", "--heldout_episodes=0", "--num_workers=0", "--progress=false", *extra]  # fmt: skip
+        load = os.getloadavg()[0]
+        done = subprocess.run(args, env=environment(code, threads), capture_output=True, text=True, cwd=code)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
+        rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rate = float(re.search(r"([0-9.]+) samples/s", done.stdout).group(1))
-    return {"tokenizer": tokenizer, "preset": preset, "num_workers": workers, "steps": steps, "samples_per_s": rate}
+    elapsed = {r["step"]: r["step"] * BATCH / r["samples_per_s"] for r in rows}  # seconds since the loop started
+    first, last = WARMUP_STEPS, max(elapsed)
+    steady = (last - first) * BATCH / (elapsed[last] - elapsed[first])
+    return {"samples_per_s": rate, "steady_samples_per_s": round(steady, 2), "final_loss": rows[-1]["loss"],
+            "losses": [r["loss"] for r in rows], "load_average": round((load + os.getloadavg()[0]) / 2, 2)}  # fmt: skip
+
+
+def loss_curves(args) -> None:
+    """Old and new code's training loss at equal steps (``micro`` preset, configs/fast.yaml, log every 10 steps, the
+    same seed): ``<out>_loss.png`` and ``<out>_loss.json``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vla.io import write_json
+    from vla.provenance import provenance
+
+    dataset = ensure_datasets(["fast"])["fast"]
+    extra = ["--policy.preset=micro", f"--policy.scheduler_decay_steps={args.loss_curve_steps}"]
+    curves = {label: run(code.resolve(), "fast", dataset, 1, args.loss_curve_steps, extra)["losses"]
+              for label, code in (("before", args.before), ("after", args.after))}  # fmt: skip
+    steps = [LOG_EVERY * (i + 1) for i in range(len(curves["before"]))]
+    gap = [abs(a - b) / a for a, b in zip(curves["before"], curves["after"])]
+    stem = args.out.with_name(args.out.stem + "_loss")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, style in (("before", "-"), ("after", "--")):
+        ax.plot(steps, curves[label], style, label=f"{label} ({args.before if label == 'before' else args.after})")
+    ax.set(xlabel="step", ylabel="training loss (batch of 32)", yscale="log",
+           title=f"micro, configs/fast.yaml: largest relative gap {max(gap):.1e}")  # fmt: skip
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    plt.close(fig)
+    write_json(stem.with_suffix(".json"), {"steps": steps, "losses": curves, "max_relative_gap": max(gap),
+                                           "provenance": provenance(config={"preset": "micro", "recipe": "fast",
+                                                                            "steps": args.loss_curve_steps},
+                                                                    dataset=dataset)})  # fmt: skip
+    print(f"wrote {stem.with_suffix('.png')}: largest relative gap {max(gap):.2e}")
+
+
+def markdown(record: dict) -> str:
+    meta = record["meta"]
+    lines = [
+        "# Training throughput (`scripts/bench_train.py`)",
+        "",
+        f"`vla train`, batch {BATCH}, {meta['steps']} steps, `--num_workers=0`, median of {meta['repeats']} runs per "
+        f"cell, old and new code alternating run by run on {meta['cpus']} shared cores (load average "
+        f"{meta['load_average_min']}-{meta['load_average_max']} during the runs). Steady: steps {WARMUP_STEPS}-"
+        f"{meta['steps']} from the trainer's metrics; end to end: the trainer's own figure (warm-up and the final "
+        "checkpoint included). Codes: " + ", ".join(f"{k} = {v}" for k, v in meta["codes"].items()) + ".",
+        "",
+        "| recipe | threads | code | steady samples/s | end-to-end samples/s | speed-up (steady) | final loss |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    base = {(r["recipe"], r["threads"]): r for r in record["rows"] if r["code"] == "before"}
+    for r in record["rows"]:
+        ref = base.get((r["recipe"], r["threads"]))
+        speed = f"{r['steady_samples_per_s'] / ref['steady_samples_per_s']:.2f}x" if ref else ""
+        lines.append(f"| {r['recipe']} | {r['threads']} | {r['code']} | {r['steady_samples_per_s']:.1f} | "
+                     f"{r['samples_per_s']:.1f} | {speed} | {r['final_loss']:.4f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_train.json")
-    parser.add_argument("--before", type=Path, default=None, help="an older checkout to measure beside this one")
-    parser.add_argument("--presets", default="tiny")
-    parser.add_argument("--tokenizers", default="fast,bin")
-    parser.add_argument("--workers", default="0,2")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--before", type=Path, required=True, help="the older checkout to measure against")
+    parser.add_argument("--after", type=Path, default=ROOT, help="the newer checkout (default: this one)")
+    parser.add_argument("--recipes", default="fast,images,aloha")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compiled", action="store_true", help="also run the new checkout with --compile=true")
+    parser.add_argument("--loss-curve-steps", type=int, default=0,
+                        help="instead: old and new code's loss curves over this many steps (micro preset)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from vla.sim.record import DEFAULT_DATASET_ROOT, ensure_dataset
+    if args.loss_curve_steps:
+        loss_curves(args)
+        return
+    recipes = args.recipes.split(",")
+    threads = [int(t) for t in args.threads.split(",")]
+    if args.steps < WARMUP_STEPS + 2 * LOG_EVERY:
+        raise ValueError(f"--steps must be at least {WARMUP_STEPS + 2 * LOG_EVERY} (warm-up plus two metrics lines)")
+    roots = ensure_datasets(recipes)
+    codes = {"before": (args.before.resolve(), []), "after": (args.after.resolve(), [])}
+    if args.compiled:
+        codes["after_compiled"] = (args.after.resolve(), ["--compile=true"])
+    runs: dict[tuple, list[dict]] = {}
+    for repeat in range(args.repeats):
+        for recipe in recipes:
+            for n in threads:
+                for label, (code, extra) in codes.items():
+                    result = run(code, recipe, roots[recipe], n, args.steps, extra)
+                    runs.setdefault((recipe, n, label), []).append(result)
+                    print(json.dumps({"recipe": recipe, "threads": n, "code": label,
+                                      **{k: v for k, v in result.items() if k != "losses"}}), flush=True)  # fmt: skip
+        write(args, recipes, threads, codes, runs, repeat + 1)  # every finished round: a complete file
 
-    dataset = (ROOT / DEFAULT_DATASET_ROOT).resolve()
-    ensure_dataset(dataset)
-    codes = {"after": ROOT} | ({"before": args.before.resolve()} if args.before else {})
+
+def write(args, recipes: list[str], threads: list[int], codes: dict, runs: dict, repeats: int) -> None:
+    from vla.io import write_json, atomic_write_text
+    from vla.provenance import git_state, provenance
+
     rows = []
-    for preset in args.presets.split(","):
-        for tokenizer in args.tokenizers.split(","):
-            for workers in [int(w) for w in args.workers.split(",")]:
-                rates: dict[str, list[float]] = {label: [] for label in codes}
-                for _ in range(args.repeats):
-                    for label, code in codes.items():
-                        rates[label].append(run(code, tokenizer, preset, workers, args.steps, dataset)["samples_per_s"])
-                for label, values in rates.items():
-                    row = {"code": label, "tokenizer": tokenizer, "preset": preset, "num_workers": workers,
-                           "steps": args.steps, "samples_per_s": float(np.median(values)), "runs": values}  # fmt: skip
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-    commits = {label: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=code, capture_output=True,
-                                     text=True).stdout.strip() for label, code in codes.items()}  # fmt: skip
-    meta = {"cpus": os.cpu_count(), "python": platform.python_version(), "dataset": str(DEFAULT_DATASET_ROOT),
-            "batch_size": 32, "commits": commits, "repeats": args.repeats}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    for (recipe, n, label), results in runs.items():
+        rows.append({
+            "recipe": recipe, "config": f"configs/{RECIPES[recipe][0]}.yaml", "threads": n, "code": label,
+            "steady_samples_per_s": float(np.median([r["steady_samples_per_s"] for r in results])),
+            "samples_per_s": float(np.median([r["samples_per_s"] for r in results])),
+            "final_loss": float(np.median([r["final_loss"] for r in results])),
+            "runs": [{k: v for k, v in r.items() if k != "losses"} for r in results],
+        })  # fmt: skip
+    loads = [r["load_average"] for rs in runs.values() for r in rs]
+    commits = {}
+    for label, (code, extra) in codes.items():
+        commit, dirty = git_state(code)
+        commits[label] = f"{commit[:12]}{' (uncommitted changes)' if dirty else ''}{' ' + ' '.join(extra) if extra else ''}"
+    meta = {"cpus": os.cpu_count(), "batch_size": BATCH, "steps": args.steps, "repeats": repeats,
+            "warmup_steps": WARMUP_STEPS, "codes": commits, "load_average_min": min(loads),
+            "load_average_max": max(loads),
+            "datasets": {k: {"root": str(DATA / RECIPES[k][1]), "record": RECIPES[k][2]} for k in recipes}}  # fmt: skip
+    record = {"meta": meta, "rows": rows,
+              "provenance": provenance(config={"recipes": recipes, "threads": threads, "steps": args.steps,
+                                               "repeats": repeats, "codes": commits})}  # fmt: skip
+    write_json(args.out, record)
+    atomic_write_text(args.out.with_suffix(".md"), markdown(record))
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

@@ -103,6 +103,9 @@ class VocabConstraint:
             self.mask(s)
         if len(self._table) != len(self._rows):
             self._table = torch.stack(self._rows)
+        if len(states) == 1:  # one observation (a robot's): a view of its row, no index tensor to build
+            row = self._row[states[0]]
+            return self._table[row : row + 1]
         return self._table[torch.tensor([self._row[s] for s in states])]
 
     def advance_batch(self, states: list[int], model_ids: torch.Tensor, active: list[int]) -> None:
