@@ -228,3 +228,16 @@ def test_each_shape_trains_with_the_defaults_and_reports(shape, tmp_path):
         assert report["baselines"]["hold_state"] is None and p["relative_actions"] == "none"
     if shape == "two_cameras":  # a 3-D state and a 3-D action that do not track each other: one to one, all absolute
         assert p["action_state_dims"] == [0, 1, 2] and p["relative_actions"] == [False, False, False]
+    # and the saved policy answers one request as a robot sends it (openpi's client, cameras at their own sizes)
+    wcp = pytest.importorskip("openpi_client.websocket_client_policy")
+    from vla.policy import VLAPolicy
+    from vla.serve.server import PolicyServer, ServeConfig
+
+    obs = {"prompt": info.tasks[0]}
+    if info.state_dim:
+        obs["observation/state"] = np.zeros(info.state_dim, np.float32)
+    for key in info.camera_keys:
+        obs[key.replace(".", "/")] = np.zeros((*info.camera_shape(key), 3), np.uint8)
+    with PolicyServer(VLAPolicy.from_pretrained(tmp_path / "run" / "policy"), ServeConfig(port=0)).start_in_thread() as h:
+        reply = wcp.WebsocketClientPolicy("127.0.0.1", h.port).infer(obs)
+    assert reply["actions"].shape == (p["time_horizon"], info.action_dim) and np.isfinite(reply["actions"]).all()

@@ -29,7 +29,8 @@ class RequestError(ValueError):
 class Item:
     """One observation, checked and converted: what a batch is stacked from."""
 
-    state: torch.Tensor  # float32 [S]; n_obs_steps = n > 1: [n, S] (the client's history, or the server's made)
+    # float32 [S]; n_obs_steps = n > 1: [n, S] (the client's history, or the server's made); None: an image-only policy
+    state: torch.Tensor | None
     images: dict[str, torch.Tensor]  # policy key -> float32 [3, H, W] in [0, 1]
     task: str
     request_id: Any = None
@@ -81,7 +82,9 @@ class ObservationReader:
             self.aliases["image"] = self.aliases["observation.image"] = self.image_keys[0]
 
     def state_shapes(self) -> list[list[int]]:
-        """The state shapes a message may carry: ``[S]``, and with a history ``[n, S]`` too."""
+        """The state shapes a message may carry: ``[S]``, and with a history ``[n, S]`` too (none: image only)."""
+        if not self.state_dim:
+            return []
         return [[self.state_dim]] + ([[self.obs_steps, self.state_dim]] if self.obs_steps > 1 else [])
 
     def _state_hint(self) -> str:
@@ -93,8 +96,9 @@ class ObservationReader:
 
     def expected(self) -> dict[str, str]:
         """What the metadata tells clients to send."""
-        out = {"observation.state": self._state_hint(), "prompt": "str (or 'task')",
-               RESET_KEY: "bool, optional: true on an episode's first observation"}  # fmt: skip
+        out = {"prompt": "str (or 'task')", RESET_KEY: "bool, optional: true on an episode's first observation"}
+        if self.state_dim:  # an image-only policy (state_dim 0) reads no state
+            out = {"observation.state": self._state_hint(), **out}
         for key in self.image_keys:
             out[key] = "uint8 [H, W, 3] (or [3, H, W], or float in [0, 1]); resized on the server"
         return out
@@ -124,8 +128,10 @@ class ObservationReader:
         images = {k: self._image(obs, k) for k in self.image_keys}
         return Item(state, images, self._task(obs), request_id, reset=bool(reset))
 
-    def _state(self, obs: dict[str, Any], sent: str) -> torch.Tensor:
+    def _state(self, obs: dict[str, Any], sent: str) -> torch.Tensor | None:
         n, s = self.obs_steps, self.state_dim
+        if s == 0:  # an image-only policy: a state sent anyway is not read
+            return None
         if "observation.state" not in obs:
             raise RequestError(f"the observation lacks 'observation.state' (keys sent: {', '.join(sorted(obs))}); "
                                f"send the robot state as {self._state_hint()}")  # fmt: skip
@@ -197,7 +203,7 @@ class ConnectionHistory:
         self._last: float | None = None  # when the last state arrived
 
     def __call__(self, item: Item) -> Item:
-        if self.n == 1 or item.state.ndim == 2:  # no history, or the client's own [n, S]
+        if self.n == 1 or item.state is None or item.state.ndim == 2:  # no history, or the client's own [n, S]
             return item
         now = self.clock()
         idle = self._last is not None and now - self._last > self.reset_after_s

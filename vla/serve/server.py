@@ -136,8 +136,9 @@ class PolicyServer:
     # --- inference (worker thread) -------------------------------------------------------------------------
     def _predict(self, items: list[Item]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One batched call: actions float32 [B, T, D], valid bool [B], tokens int [B]."""
-        batch: dict[str, Any] = {"observation.state": torch.stack([it.state for it in items]),
-                                 "task": [it.task for it in items]}  # fmt: skip
+        batch: dict[str, Any] = {"task": [it.task for it in items]}
+        if items[0].state is not None:  # None: an image-only policy (state_dim 0)
+            batch["observation.state"] = torch.stack([it.state for it in items])
         for key in self.reader.image_keys:
             batch[key] = torch.stack([it.images[key] for it in items])
         with torch.inference_mode():
