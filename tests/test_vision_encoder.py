@@ -185,8 +185,8 @@ def test_the_loss_reaches_the_conv_stem_and_the_images_matter():
 
 
 def test_a_bad_vision_encoder_name_is_refused_clearly():
-    with pytest.raises(ValueError, match=r"vision_encoder = 'keypoint' is invalid: use one of siglip, keypoints, conv; "
-                                         r"did you mean 'keypoints'\?"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"vision_encoder = 'keypoint' is invalid: use one of siglip, keypoints, conv "
+                                         r"or 'auto' .*; did you mean 'keypoints'\?"):  # fmt: skip
         VLAConfig(vision_encoder="keypoint", device="cpu")
     with pytest.raises(ValueError, match=r"unknown vision encoder 'resnet'.*known: siglip, keypoints, conv"):
         build_model("micro", VocabMap.compact(256), num_cameras=1, vision_encoder="resnet")
