@@ -250,7 +250,7 @@ def test_stock_lerobot_train_fine_tunes_a_saved_policy(tiny_dataset_root, tmp_pa
 def test_lerobots_factory_refuses_a_dataset_of_other_dimensions(tmp_path):
     """What ``lerobot-train --policy.path=DIR`` on another robot's data meets, before the first batch."""
     from vla.policy import VLAPolicy
-    from vla.policy.modeling_vla import load_policy_config
+    from vla.policy.saved_config import load_policy_config
 
     policy = _policy_with_a_constant_state_dim()  # 5-D state, 3-D actions
     policy.save_pretrained(tmp_path / "ckpt")

@@ -55,7 +55,8 @@ from vla.io import atomic_write_text, read_json
 from vla.heldout import CURVES, Heldout, plot_curves, write_report
 from vla.pipeline import Collate, RelativeActions
 from vla.policy import VLAPolicy
-from vla.policy.modeling_vla import CONFIG_FILE, TOKENIZER_DIR, check_dataset_fits, check_same_policy, load_policy_config
+from vla.policy.modeling_vla import TOKENIZER_DIR
+from vla.policy.saved_config import CONFIG_FILE, check_dataset_fits, check_same_policy, load_policy_config
 from vla.stats import array_stats, frame_stats
 from vla.text import prompt_words
 
