@@ -256,8 +256,9 @@ def bench_policy(path: Path, reps: int) -> list[dict]:
 
 # Robots of every width, as their policies are trained (state only, the state as one embedding, tiny, FAST): name ->
 # (time_horizon, action_dim, state_dim, FAST scale, ids per chunk of the trained policy). The FAST scale is the one
-# whose encoding of the synthetic chunks has about the trained policy's ids per chunk; the weights are random (seed 0),
-# and a seeded state is drawn until the untrained model's greedy chunk is within 25% of that count (reported).
+# whose encoding of the synthetic chunks has about the trained policy's ids per chunk; the weights are random, and
+# model seeds and seeded states are tried in turn until the untrained model's greedy chunk is within 25% of that
+# count (a briefly trained tiny model learns the commonest id first and runs to the budget, 260 ids: no better).
 WIDE = {"push": (10, 4, 39, 10.0, 9), "wide26": (10, 26, 26, 6.0, 36), "aloha": (50, 14, 14, 5.0, 27)}
 
 
@@ -273,15 +274,20 @@ def bench_wide(names: list[str], threads: list[int], reps: int) -> list[dict]:
         tok = at.FASTTokenizer.fit(chunks, scale=scale, vocab_size=1024)
         data_ids = float(np.mean([len(r) for r in tok.encode(chunks[:200])]))
         vocab = VocabMap.compact(tok.vocab_size, words=list(dict.fromkeys(TASK.split())))
-        model = build_model("tiny", vocab, num_cameras=0, seed=0, state_dim=s, state_tokens=1).eval()
         layout = SequenceLayout(vocab, num_cameras=0, state_encoding="embedding")
         constraint = VocabConstraint(tok.constraint(time_horizon=t, action_dim=d), vocab)
         budget = constraint.max_length + 1
         rng = np.random.default_rng(0)
-        for _ in range(50):  # a state whose untrained greedy chunk has a trained policy's length
-            state = rng.uniform(-1, 1, (1, s))
-            gen, _ = predict(model, layout, tok, constraint, None, state, max_new_tokens=budget, t=t, d=d)
-            if abs(len(gen.ids[0]) - target) <= 0.25 * target:
+        found = False
+        for seed in range(20):  # weights and a state whose untrained greedy chunk has a trained policy's length
+            model = build_model("tiny", vocab, num_cameras=0, seed=seed, state_dim=s, state_tokens=1).eval()
+            for _ in range(5):
+                state = rng.uniform(-1, 1, (1, s))
+                gen, _ = predict(model, layout, tok, constraint, None, state, max_new_tokens=budget, t=t, d=d)
+                found = abs(len(gen.ids[0]) - target) <= 0.25 * target
+                if found:
+                    break
+            if found:
                 break
         ids = len(gen.ids[0])
         constraint_ms = constraint_ms_per_step(constraint, gen.tokens)
@@ -314,7 +320,7 @@ def bench_wide(names: list[str], threads: list[int], reps: int) -> list[dict]:
             finally:
                 torch.set_num_threads(before)
             p50 = float(np.percentile(times, 50))
-            row = {"robot": name, "time_horizon": t, "action_dim": d, "state_dim": s, "fast_scale": scale,
+            row = {"robot": name, "model_seed": seed, "time_horizon": t, "action_dim": d, "state_dim": s, "fast_scale": scale,
                    "threads": n, "decoder": "lean", "ids_per_chunk": ids, "trained_ids_per_chunk": target,
                    "tokenizer_ids_per_chunk": round(data_ids, 1), "decode_steps": g.steps,
                    "latency_ms_p50": round(p50, 2), "latency_ms_p95": round(float(np.percentile(times, 95)), 2),
@@ -415,10 +421,15 @@ def write_wide(args) -> None:
 
     reps = args.reps or 20
     rows = bench_wide(args.wide or list(WIDE), args.wide_threads, reps)
-    record = {"meta": {"device": "cpu", "preset": "tiny", "batch": 1, "cameras": 0, "state_encoding": "embedding",
-                       "decoding": "greedy under the constraint, lean loop, random weights (seed 0)",
-                       "cpus": os.cpu_count(), "load_average": os.getloadavg()},
-              "wide": rows, "provenance": provenance(config={"wide": WIDE, "threads": args.wide_threads, "reps": reps})}  # fmt: skip
+    # The file's other sections (the full comparison of tokenizers and decoders) are kept as they were measured.
+    record = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    record["wide_meta"] = {"device": "cpu", "preset": "tiny", "batch": 1, "cameras": 0, "state_encoding": "embedding",
+                           "decoding": "greedy under the constraint, lean loop, random weights (model_seed per row)",
+                           "cpus": os.cpu_count(), "load_average": os.getloadavg()}  # fmt: skip
+    record["wide"] = rows
+    kept = sorted(set(record) - {"wide", "wide_meta", "provenance"})
+    record["provenance"] = provenance(config={"wide": WIDE, "threads": args.wide_threads, "reps": reps},
+                                      sections_from_an_earlier_run=kept)  # fmt: skip
     write_json(args.out, record)
     lines = ["# Decoding latency per robot width (`scripts/bench_decode.py --wide`)", "",
              f"tiny, batch 1, state only (one embedding), FAST, greedy under the constraint, the lean loop, {reps} "

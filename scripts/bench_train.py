@@ -122,21 +122,24 @@ def markdown(record: dict) -> str:
     lines = [
         "# Training throughput (`scripts/bench_train.py`)",
         "",
-        f"`vla train`, batch {BATCH}, {meta['steps']} steps, `--num_workers=0`, median of {meta['repeats']} runs per "
-        f"cell, old and new code alternating run by run on {meta['cpus']} shared cores (load average "
+        f"`vla train`, batch {BATCH}, {meta['steps']} steps, `--num_workers=0`, the median of each cell's runs (up to "
+        f"{meta['repeats']}), old and new code alternating run by run on {meta['cpus']} shared cores (load average "
         f"{meta['load_average_min']}-{meta['load_average_max']} during the runs). Steady: steps {WARMUP_STEPS}-"
         f"{meta['steps']} from the trainer's metrics; end to end: the trainer's own figure (warm-up and the final "
         "checkpoint included). Codes: " + ", ".join(f"{k} = {v}" for k, v in meta["codes"].items()) + ".",
         "",
-        "| recipe | threads | code | steady samples/s | end-to-end samples/s | speed-up (steady) | final loss |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| recipe | threads | code | runs | steady samples/s | end-to-end samples/s | speed-up (steady) | "
+        "speed-up (end to end) | final loss |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     base = {(r["recipe"], r["threads"]): r for r in record["rows"] if r["code"] == "before"}
     for r in record["rows"]:
         ref = base.get((r["recipe"], r["threads"]))
         speed = f"{r['steady_samples_per_s'] / ref['steady_samples_per_s']:.2f}x" if ref else ""
-        lines.append(f"| {r['recipe']} | {r['threads']} | {r['code']} | {r['steady_samples_per_s']:.1f} | "
-                     f"{r['samples_per_s']:.1f} | {speed} | {r['final_loss']:.4f} |")  # fmt: skip
+        whole = f"{r['samples_per_s'] / ref['samples_per_s']:.2f}x" if ref else ""
+        lines.append(f"| {r['recipe']} | {r['threads']} | {r['code']} | {len(r['runs'])} | "
+                     f"{r['steady_samples_per_s']:.1f} | {r['samples_per_s']:.1f} | {speed} | {whole} | "
+                     f"{r['final_loss']:.4f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
