@@ -114,10 +114,10 @@ class TrainConfig:
     resume: bool = False  # continue from the last checkpoint in output_dir (with the run's own settings)
     overwrite: bool = False  # start fresh in an output_dir that holds a run, deleting that run
     progress: bool = True  # show a progress bar
-    # torch.compile the model's layers in the training step (vla.lean); falls back to uncompiled where it cannot compile
-    compile: bool = False
     # What `vla train` chose from the dataset for the settings left unset, and why (written when training starts)
     chosen: dict[str, str] = field(default_factory=dict)
+    # torch.compile the model's layers in the training step (vla.lean); falls back to uncompiled where it cannot compile
+    compile: bool = False
 
     def resolved(self, info: DatasetInfo, log=print) -> TrainConfig:
         """This config with every unset setting chosen from the dataset, one printed line each (``vla.defaults``)."""
