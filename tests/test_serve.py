@@ -28,19 +28,12 @@ from vla.serve.codec import DecodeError
 from vla.serve.server import PolicyServer, ServeConfig
 
 # openpi's client calls websockets' connect() the pre-17 way, which websockets 17 warns about (not ours to change)
-pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 T, D, S = 6, 3, 5
 CAM = "observation.images.front"
 TASK = "push the puck"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

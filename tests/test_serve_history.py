@@ -21,19 +21,12 @@ from action_tokenizers.synthetic import smooth_chunks
 from vla.serve import ChunkExecutor, PolicyClient, Rate
 from vla.serve.server import PolicyServer, ServeConfig
 
-pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+              pytest.mark.usefixtures("one_torch_thread")]
 wcp = pytest.importorskip("openpi_client.websocket_client_policy")
 
 T, D, S, N = 6, 3, 5, 3
 TASK = "push the puck"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def micro_history_policy(state_dim: int = S, action_dim: int = D):

@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("vla.sim.cli", "record demonstrations into a LeRobot dataset; describe one"),
     "compare": ("vla.compare", "compare action tokenizers on a dataset"),
     "tokenizer": ("vla.fit", "fit an action tokenizer on a dataset (vla tokenizer fit)"),
-    "train": ("vla.train", "train a policy from a config"),
+    "train": ("vla.train_cli", "train a policy from a config"),
     "eval": ("vla.evaluate", "closed-loop evaluation of a trained policy"),
     "inspect": ("vla.inspect", "draw one sample's token layout, attention mask and decoding steps"),
     "serve": ("vla.serve.cli", "serve a policy to robots over websockets (openpi's protocol)"),
