@@ -145,7 +145,7 @@ def test_step_through_yields_every_intermediate():
 
 
 def test_random_shift_moves_each_image_by_whole_pixels_within_its_pad():
-    from vla.pipeline import IMAGES, ShiftImages
+    from vla.images import IMAGES, ShiftImages
 
     torch.manual_seed(0)
     images = torch.rand(8, 2, 3, 12, 12)  # [B, N, 3, S, S]

@@ -114,6 +114,12 @@ workers: 2
     assert log.count("--resume=true") == 1 and log.count(" eval ") == 2  # the training continued from its checkpoint
     assert rewrite(results)["cells"] == again["cells"]
 
+    # The work folder lost (another machine): the runs reported in results/runs.json count as finished.
+    shutil.rmtree(work)
+    third = run_study(study, work=work, results=results, allow_dirty=True, progress=False)
+    assert [r["id"] for r in third["runs"]] == ["default-fast-s0", "default-bin-s0"] and not work.joinpath("default-bin-s0").exists()
+    assert third["cells"] == again["cells"]
+
 
 def test_same_seed_threads_and_data_give_the_same_weights_and_evaluation(tiny_dataset_root, tmp_path, one_torch_thread):
     from vla import train

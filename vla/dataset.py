@@ -272,7 +272,7 @@ def _resized(image: torch.Tensor, key: str, size: int | None) -> torch.Tensor:
     """float ``[3, H, W]`` or ``[n, 3, H, W]`` -> the same at ``size`` x ``size`` (the pipeline's own resize)."""
     if size is None or image.shape[-2:] == (size, size):
         return image
-    from vla.pipeline import camera_image
+    from vla.images import camera_image
 
     batch = image if image.ndim == 4 else image[None]
     out = camera_image(batch, key, len(batch), size)

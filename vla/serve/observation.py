@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from vla.execution import StateHistory
-from vla.pipeline import camera_image, checked_state
+from vla.images import camera_image
+from vla.pipeline import checked_state
 
 MAX_TASK_CHARS = 1000
 MAX_IMAGE_SIDE = 4096

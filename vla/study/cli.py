@@ -37,7 +37,7 @@ def _run(args: argparse.Namespace) -> int:
         study = dataclasses.replace(study, workers=args.workers)
     if args.dry_run:
         work = args.work or Path("outputs/studies") / study.name
-        done = {r["id"] for r in finished(study, work)}
+        done = {r["id"] for r in finished(study, work, args.results or Path("results") / study.name)}
         for run in study.runs():
             state = "finished" if run.id in done else "to run"
             print(f"{run.id} ({state}): vla {' '.join(train_command(study, run, work / run.id)[3:])}")

@@ -9,7 +9,8 @@ Layout: ``outputs/studies/<name>/<run id>/`` holds each run's training folder (`
 finished run: its full training config, commit, dataset fingerprint, threads, package versions, wall times and
 per-episode successes), ``README.md`` (question, command, table) and ``success.png`` (``vla.study.report``), rewritten after every run.
 
-A killed study continues where it stopped: finished runs (``run.json``) are kept, a training with checkpoints is
+A killed study continues where it stopped: finished runs (``run.json``, or their record in ``results/<name>/runs.json``
+when the work folder is gone) are kept, a training with checkpoints is
 resumed from its last one (``--resume=true``, exact), one killed before its first checkpoint starts again, and an
 evaluation is redone when its ``eval_info.json`` is missing.
 """
@@ -136,10 +137,22 @@ def _read(path: Path) -> Any:
         return None
 
 
-def finished(study: Study, work: Path) -> list[dict[str, Any]]:
-    """The runs of ``study`` that have a ``run.json``, in the study's order."""
-    records = [_read(work / run.id / RUN_FILE) for run in study.runs()]
-    return [r for r in records if r is not None]
+def finished(study: Study, work: Path, results: Path | None = None) -> list[dict[str, Any]]:
+    """The finished runs of ``study``, in the study's order: each run's ``run.json`` under ``work``, else, when the
+    run has no folder there (a study continued on another machine), its record in ``results/runs.json``, which counts
+    only while it was trained with the run's own arguments and seed."""
+    reported = _read(results / RUNS_FILE) if results is not None else None
+    by_id = {r.get("id"): r for r in (reported or {}).get("runs", []) if isinstance(r, dict)}
+    records = []
+    for run in study.runs():
+        record = _read(work / run.id / RUN_FILE)
+        if record is None and run.id in by_id and not (work / run.id).exists():
+            old = by_id[run.id]
+            if old.get("seed") == run.seed and old.get("overrides") == list(run.overrides):
+                record = old
+        if record is not None:
+            records.append(record)
+    return records
 
 
 def run_study(
@@ -168,7 +181,13 @@ def run_study(
     root = ensure_dataset(study, log)
     fingerprint = dataset_fingerprint(root)
     runs = study.runs()
-    done = {r["id"] for r in finished(study, work)}
+    kept = finished(study, work, results)
+    done = {r["id"] for r in kept}
+    for record in kept:
+        sha = (record.get("provenance") or {}).get("dataset", {}).get("sha256")
+        if sha not in (None, fingerprint.get("sha256")):
+            log(f"warning: run {record['id']} was trained on a dataset with sha256 {sha[:12]}, not this one "
+                f"({str(fingerprint.get('sha256'))[:12]}); its cell mixes data")  # fmt: skip
     todo = [run for run in runs if run.id not in done]
     log(f"study {study.name}: {len(runs)} runs ({len(done)} finished), {study.workers} at a time, "
         f"{study.threads} thread(s) each; commit {commit[:10]}{' (dirty)' if dirty else ''}; logs in {work}/<run>/log.txt")  # fmt: skip
@@ -185,9 +204,9 @@ def run_study(
                 failures.append(f"{run.id}: {err}")
                 log(f"run {run.id} failed: {err}")
             bar.update(1)
-            write_results(study, finished(study, work), results, fingerprint)
+            write_results(study, finished(study, work, results), results, fingerprint)
     bar.close()
-    summary = write_results(study, finished(study, work), results, fingerprint)
+    summary = write_results(study, finished(study, work, results), results, fingerprint)
     if failures:
         raise RuntimeError(f"{len(failures)} run(s) failed ({'; '.join(failures)}); fix the cause and run the "
                            "same command again: finished runs are kept")  # fmt: skip
