@@ -26,9 +26,17 @@ def test_the_fingerprint_changes_with_any_file(tiny_dataset_root, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(tiny_dataset_root, copy)
     assert dataset_fingerprint(copy)["sha256"] == dataset_fingerprint(tiny_dataset_root)["sha256"]
+    original = dataset_fingerprint(tiny_dataset_root)["sha256"]
     info = copy / "meta" / "info.json"
-    info.write_text(info.read_text().replace('"fps"', '"fps" ', 1))
-    assert dataset_fingerprint(copy)["sha256"] != dataset_fingerprint(tiny_dataset_root)["sha256"]
+    values = json.loads(info.read_text())
+    info.write_text(json.dumps(dict(reversed(list(values.items()))), indent=1))  # same values, other order and spacing
+    assert dataset_fingerprint(copy)["sha256"] == original
+    info.write_text(json.dumps({**values, "fps": values["fps"] + 1}))
+    assert dataset_fingerprint(copy)["sha256"] != original
+    info.write_text(json.dumps(values))
+    parquet = next((copy / "data").rglob("*.parquet"))
+    parquet.write_bytes(parquet.read_bytes() + b"\0")
+    assert dataset_fingerprint(copy)["sha256"] != original
     with pytest.raises(FileNotFoundError, match="does not exist"):
         dataset_fingerprint(tmp_path / "nowhere")
 

@@ -11,6 +11,7 @@ block lacks; ``tests/test_provenance.py`` refuses committed results files withou
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -41,17 +42,31 @@ def git_state(path: str | Path | None = None) -> tuple[str, bool]:
         return "unknown", False
 
 
+def _canonical_json(path: Path) -> bytes | None:
+    """A JSON file as sorted-key compact bytes (LeRobot writes ``meta/stats.json``'s features in an order that
+    changes from run to run), or ``None`` when it does not parse."""
+    try:
+        return json.dumps(json.loads(path.read_text()), sort_keys=True, separators=(",", ":")).encode()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
 def dataset_fingerprint(root: str | Path) -> dict[str, Any]:
-    """A sha256 over every file of a dataset folder (relative path, size and content; files above 64 MiB by
-    size, first and last MiB), with the file count: two folders with the same fingerprint hold the same data."""
+    """A sha256 over every file of a dataset folder (relative path, size and content; JSON files by their
+    sorted-key form, so that the same values in another key order count as the same; files above 64 MiB by size,
+    first and last MiB), with the file count: two folders with the same fingerprint hold the same data."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"dataset folder {root} does not exist: give the folder that holds meta/ and data/")
     digest = hashlib.sha256()
     files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
     for p in files:
-        size = p.stat().st_size
+        canonical = _canonical_json(p) if p.suffix == ".json" else None
+        size = len(canonical) if canonical is not None else p.stat().st_size
         digest.update(f"{p.relative_to(root).as_posix()}\0{size}\0".encode())
+        if canonical is not None:
+            digest.update(canonical)
+            continue
         with p.open("rb") as f:
             if size <= _BIG_FILE:
                 for block in iter(lambda: f.read(1 << 20), b""):
@@ -60,7 +75,7 @@ def dataset_fingerprint(root: str | Path) -> dict[str, Any]:
                 digest.update(f.read(1 << 20))
                 f.seek(-(1 << 20), os.SEEK_END)
                 digest.update(f.read())
-    return {"sha256": digest.hexdigest(), "files": len(files), "name": root.name}
+    return {"sha256": digest.hexdigest(), "files": len(files), "name": root.name, "json": "sorted keys"}
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
