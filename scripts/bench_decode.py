@@ -4,7 +4,7 @@ on vs off, for every tokenizer; and a saved policy's ``predict_action_chunk``.
     python scripts/bench_decode.py --out results/bench_decode.json [--presets tiny small] [--threads 2]
         [--policy outputs/train/fast/policy]
 
-Decoders (``decoder`` in each row): ``lean`` is ``generate``'s default with the cache (``vla.decode.LeanSteps``: the
+Decoders (``decoder`` in each row): ``lean`` is ``generate``'s default with the cache (``vla.model.decode.LeanSteps``: the
 backbone's layers as plain tensor ops on a static KV cache), ``transformers`` the same cache through transformers'
 forward (``lean=False``), ``recompute`` no cache at all (``use_cache=False``). All three generate identical ids here.
 ``parallel`` (fixed-length tokenizers only; not in the default set) is one-pass decoding: the same backbone with one
@@ -42,9 +42,9 @@ import torch
 
 import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
-from vla.decode import VocabConstraint, fixed_chunk_length, generate
-from vla.model import build_model
-from vla.sequence import SequenceLayout, VocabMap
+from vla.model.decode import VocabConstraint, fixed_chunk_length, generate
+from vla.model.prefix_lm import build_model
+from vla.model.sequence import SequenceLayout, VocabMap
 
 TASK = "push the puck to the goal"
 
@@ -182,7 +182,7 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
 
 def step_split(model, layout, constraint, images, state, preset: str, name: str, args) -> list[dict]:
     """Where a lean chunk's time goes: the prefill (prompt + images through the layers) against one step."""
-    from vla.decode import LeanSteps, _intra_op_threads
+    from vla.model.decode import LeanSteps, _intra_op_threads
 
     if "lean" not in args.decoders or not LeanSteps.supports(model):
         return []
@@ -214,7 +214,7 @@ def step_split(model, layout, constraint, images, state, preset: str, name: str,
 
 def bench_policy(path: Path, reps: int) -> list[dict]:
     """A saved policy's ``predict_action_chunk`` (batch 1), lean loop against transformers' cached forward."""
-    import vla.decode as decode
+    import vla.model.decode as decode
     from vla.policy import VLAPolicy
 
     policy = VLAPolicy.from_pretrained(path).eval()
@@ -265,7 +265,7 @@ WIDE = {"push": (10, 4, 39, 10.0, 9), "wide26": (10, 26, 26, 6.0, 36), "aloha": 
 def bench_wide(names: list[str], threads: list[int], reps: int) -> list[dict]:
     """p50 of a whole chunk (prompt, lean prefill and steps under the constraint, detokenising) per robot width and
     number of torch threads, with where a chunk's time goes (prefill, model step, constraint per step)."""
-    from vla.decode import LeanSteps, _intra_op_threads
+    from vla.model.decode import LeanSteps, _intra_op_threads
 
     rows = []
     for name in names:

@@ -38,8 +38,8 @@ def transcode(src: Path, dst: Path) -> float:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.utils.constants import ACTION, OBS_STATE
 
-    from vla.data import dataset_info
-    from vla.dataset import ActionChunkDataset
+    from vla.data.reader import dataset_info
+    from vla.data.torch_dataset import ActionChunkDataset
     from vla.sim.record import stored_features
 
     started = time.perf_counter()
@@ -74,7 +74,7 @@ def rate(fn, indices: list, seconds: float) -> tuple[float, int]:
 
 def tiny_policy(root: Path, camera: str, size: int):
     import action_tokenizers as at
-    from vla.data import action_chunks, chunk_states, dataset_info
+    from vla.data.reader import action_chunks, chunk_states, dataset_info
     from vla.policy import VLAConfig, VLAPolicy
 
     info = dataset_info(root)
@@ -87,8 +87,8 @@ def tiny_policy(root: Path, camera: str, size: int):
 
 
 def measure(root: Path, backend: str, camera: str, size: int, seconds: float, policy) -> dict:
-    from vla.dataset import ActionChunkDataset
-    from vla.pipeline import Collate
+    from vla.data.torch_dataset import ActionChunkDataset
+    from vla.policy.pipeline import Collate
 
     started = time.perf_counter()
     ds = ActionChunkDataset(root, 10, image_keys=[camera], image_size=size, backend=backend, progress=False)
@@ -117,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    from vla.data import dataset_info
+    from vla.data.reader import dataset_info
 
     args.work.mkdir(parents=True, exist_ok=True)
     png, video = args.work / "png", args.work / "video"

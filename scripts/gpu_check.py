@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     args.decode_presets = [d for d in args.decode_presets.split(",") if d]
-    from vla.model import PRESETS
+    from vla.model.prefix_lm import PRESETS
 
     unknown = [d for d in args.decode_presets if d not in PRESETS]
     if unknown:
@@ -146,7 +146,7 @@ def make_policy(preset: str, image_keys: list[str], device: str = "cpu", **field
     import action_tokenizers as at
     from action_tokenizers.synthetic import smooth_chunks
     from vla.policy import VLAConfig, VLAPolicy
-    from vla.text import prompt_words
+    from vla.model.text import prompt_words
 
     chunks = smooth_chunks(400, TIME_HORIZON, ACTION_DIM, seed=1)
     states = np.random.default_rng(0).standard_normal((400, STATE_DIM))
@@ -171,7 +171,7 @@ def tower_params(policy) -> tuple[int, int]:
 
 def plan(policy, batch_size: int) -> dict:
     """Parameters, tokens and FLOPs per sample of one training batch of ``policy``."""
-    from vla.pipeline import packed, run
+    from vla.policy.pipeline import packed, run
 
     cams = list(policy.config.image_keys)
     seq = packed(run(policy.pipeline.training, raw_batch(batch_size, cams, policy.model.image_size)))["sequence"]
@@ -194,7 +194,7 @@ def synchronize(device: str) -> None:
 def train_throughput(name: str, batch_size: int, args, peak: float | None) -> dict:
     import torch
 
-    from vla.pipeline import packed, run
+    from vla.policy.pipeline import packed, run
 
     device = args.device
     torch.manual_seed(0)

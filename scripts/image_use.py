@@ -19,17 +19,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla.dataset import ActionChunkDataset
+from vla.data.torch_dataset import ActionChunkDataset
 from vla.io import atomic_write_text
 from vla.provenance import provenance
-from vla.pipeline import IMAGES, run
+from vla.policy.pipeline import IMAGES, run
 from vla.policy import VLAPolicy
 
 
 def measure(policy: VLAPolicy, dataset: str | Path, starts: int = 40, batch: int = 32) -> dict:
     config = policy.config
     if not config.image_keys:
-        raise SystemExit(f"the policy reads no camera (image_keys is empty); nothing to measure")
+        raise SystemExit("the policy reads no camera (image_keys is empty); nothing to measure")
     keys = list(config.image_keys)
     ds = ActionChunkDataset(dataset, config.time_horizon, image_keys=keys, backend="memory",
                             obs_steps=config.n_obs_steps, progress=False)  # fmt: skip

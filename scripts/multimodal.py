@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from lerobot.utils.constants import OBS_STATE  # noqa: E402
 
-from vla import data  # noqa: E402
+from vla.data import reader  # noqa: E402
 from vla.io import atomic_write_text  # noqa: E402
 from vla.regression import RegressionConfig, RegressionPolicy, hidden_for, train_regression  # noqa: E402
 from vla.sim import EVAL_SEED_START, make_env  # noqa: E402
@@ -101,8 +101,8 @@ def rollouts(batch_policy, episodes: int, n_action_steps: int) -> list[dict[str,
 
 def demonstrations(root: Path) -> list[dict[str, Any]]:
     """The recorded episodes: positions and side, read back from the dataset's states."""
-    info = data.dataset_info(root)
-    states = data.chunk_states(info)  # [N, S], every frame in dataset order
+    info = reader.dataset_info(root)
+    states = reader.chunk_states(info)  # [N, S], every frame in dataset order
     bounds = np.cumsum([0, *info.episode_lengths.tolist()])
     out = []
     for start, end in zip(bounds[:-1], bounds[1:]):
@@ -216,7 +216,7 @@ def main() -> None:
     c = policy.config
 
     t = time.perf_counter()
-    info = data.dataset_info(dataset)
+    info = reader.dataset_info(dataset)
     shape = dict(state_dim=info.state_dim, action_dim=info.action_dim, time_horizon=c.time_horizon)
     reg_config = RegressionConfig(**shape, n_action_steps=c.n_action_steps,
                                   hidden=hidden_for(tokenized_params, **shape))  # fmt: skip

@@ -136,7 +136,7 @@ def test_expert_refuses_another_seeds_layout():
 
 
 def test_records_a_short_episode_with_the_camera(tmp_path):
-    from vla.data import dataset_info
+    from vla.data.reader import dataset_info
     from vla.sim.record import record
 
     root = tmp_path / "aloha"

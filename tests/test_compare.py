@@ -77,7 +77,7 @@ def test_bad_input(tiny_dataset_root, tmp_path):
 
 
 def test_default_horizon_is_capped_at_the_shortest_episode(tiny_dataset_root):
-    from vla.data import dataset_info
+    from vla.data.reader import dataset_info
 
     info = dataset_info(tiny_dataset_root)
     messages = []
@@ -90,8 +90,9 @@ def test_tokenizer_fit_saves_tokenizer_normaliser_and_report_and_train_uses_them
     import action_tokenizers as at
     from vla import train
     from vla.cli import main
-    from vla.config import TrainConfig, tokenizer_config
-    from vla.data import dataset_info
+    from vla.config import TrainConfig
+    from vla.tokenizer_choice import tokenizer_config
+    from vla.data.reader import dataset_info
     from vla.policy import VLAConfig
 
     out = tmp_path / "tok"

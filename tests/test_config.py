@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 import action_tokenizers as at
-from vla.config import TOKENIZER_CONFIGS, TrainConfig, load_config, tokenizer_config
+from vla.config import TrainConfig, load_config
+from vla.tokenizer_choice import tokenizer_config, TOKENIZER_CONFIGS
 from vla.policy import VLAConfig
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))

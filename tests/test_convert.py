@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from vla.cli import main
-from vla.convert import convert
+from vla.data.convert import convert
 
 FPS, LENGTHS = 10, (12, 9)
 CAM = "observation.images.top"
@@ -82,14 +82,14 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
 def test_a_v21_dataset_converts_to_v30_with_the_same_frames(tmp_path):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from vla import data
+    from vla.data import reader
 
     frames = write_v21(tmp_path / "old")
     before = sorted(p.relative_to(tmp_path / "old") for p in (tmp_path / "old").rglob("*"))
     assert main(["data", "convert", str(tmp_path / "old"), str(tmp_path / "new")]) == 0
     assert sorted(p.relative_to(tmp_path / "old") for p in (tmp_path / "old").rglob("*")) == before  # SRC untouched
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
-    info = data.dataset_info(tmp_path / "new")
+    info = reader.dataset_info(tmp_path / "new")
     assert json.loads((tmp_path / "new" / "meta" / "info.json").read_text())["codebase_version"] == "v3.0"
     assert info.episode_lengths.tolist() == list(LENGTHS) and info.tasks == ["task 0", "task 1"]
     assert info.state_dim == 3 and info.action_dim == 2

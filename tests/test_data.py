@@ -1,4 +1,4 @@
-"""vla.data on datasets recorded in fixtures (tests/conftest.py) and on the real piper_grape dataset."""
+"""vla.data.reader on datasets recorded in fixtures (tests/conftest.py) and on the real piper_grape dataset."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from vla.data import action_chunks, as_info, dataset_info, split_episodes
-from vla.stats import frame_stats, load_stats
-from vla.dataset import ActionChunkDataset, open_dataset
+from vla.data.reader import action_chunks, as_info, dataset_info, split_episodes
+from vla.data.stats import frame_stats, load_stats
+from vla.data.torch_dataset import ActionChunkDataset, open_dataset
 
 PIPER = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "piper_grape"
 T = 10

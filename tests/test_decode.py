@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.conftest import D, T, fitted_tokenizers
-from vla.decode import LeanSteps, VocabConstraint, generate, sample
-from vla.model import build_model
-from vla.sequence import SequenceLayout, VocabMap, prefix_lm_mask
+from vla.model.decode import LeanSteps, VocabConstraint, generate, sample
+from vla.model.prefix_lm import build_model
+from vla.model.sequence import SequenceLayout, VocabMap, prefix_lm_mask
 
 TOKENIZERS = ["fast", "fast_byte_level", "bin", "fsq"]
 

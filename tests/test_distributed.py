@@ -140,8 +140,8 @@ def weights_at_init(cfg) -> dict[str, np.ndarray]:
     """The policy's initial weights (the seed fixes them): what training moves away from."""
     from vla import train
 
-    info = train.data.dataset_info(cfg.dataset_root)
-    train_eps, _ = train.data.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
+    info = train.reader.dataset_info(cfg.dataset_root)
+    train_eps, _ = train.reader.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
     policy = train.build_policy(cfg, info, train_eps)
     return {k: v.detach().numpy() for k, v in policy.state_dict().items()}
 

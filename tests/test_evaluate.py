@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from vla import evaluate, train
-from vla.config import TrainConfig, tokenizer_config
+from vla.config import TrainConfig
+from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from vla import evaluate, train
 from vla.checkpoints import CHECKPOINTS
-from vla.config import TrainConfig, load_config, tokenizer_config
+from vla.config import TrainConfig, load_config
+from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
 
 

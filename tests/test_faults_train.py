@@ -14,7 +14,7 @@ import pytest
 from vla import checkpoints, train
 from vla.checkpoints import CHECKPOINTS
 from vla.cli import main
-from vla.config import tokenizer_config
+from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
 
 MICRO = ["--policy.preset=micro", "--policy.time_horizon=4", "--policy.n_action_steps=2", "--policy.n_obs_steps=1",

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from vla import data, train
-from vla.config import TrainConfig, resolve_action_state, tokenizer_config
+from vla import train
+from vla.data import reader
+from vla.config import TrainConfig, resolve_action_state
+from vla.tokenizer_choice import tokenizer_config
 from vla.heldout import Heldout
-from vla.pipeline import AbsoluteActions, RelativeActions, run
+from vla.policy.pipeline import AbsoluteActions, RelativeActions, run
 from vla.policy import VLAConfig, VLAPolicy
 
 EPISODES, FRAMES, T = 6, 16, 4
@@ -52,7 +54,7 @@ def arm_root(tmp_path_factory) -> Path:
 
 
 def resolved(root: Path, **policy) -> VLAConfig:
-    info = data.dataset_info(root)
+    info = reader.dataset_info(root)
     return resolve_action_state(VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu", **policy), info)
 
 
@@ -79,7 +81,7 @@ def test_relative_then_absolute_gives_the_chunk_back_and_leaves_grippers_alone()
 
 def test_baselines_are_the_mean_action_and_the_held_state(arm_root):
     """Both baselines against errors computed by hand from the arrays that made the dataset (every held-out chunk)."""
-    info = data.dataset_info(arm_root)
+    info = reader.dataset_info(arm_root)
     train_eps, heldout_eps = [0, 1, 2, 3], [4, 5]
     heldout = Heldout.build(info, heldout_eps, train_eps, resolved(arm_root), n_chunks=10_000)
     frames = np.concatenate([arm(e)[0] for e in train_eps]).astype(np.float64)
@@ -104,7 +106,7 @@ def test_baselines_are_the_mean_action_and_the_held_state(arm_root):
 
 
 def test_hold_state_is_not_defined_when_the_state_does_not_match(arm_root):
-    info = data.dataset_info(arm_root)
+    info = reader.dataset_info(arm_root)
     unmatched = VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu")  # dims left unresolved
     heldout = Heldout.build(info, [5], [0, 1], unmatched, n_chunks=8)
     assert heldout.baselines["hold_state"] is None and "action_state_dims" in heldout.why_no_hold
@@ -125,9 +127,9 @@ def test_relative_training_predicts_absolute_chunks_and_reports(arm_root, tmp_pa
 
     # the normaliser was fitted on what the model predicts: the training chunks relative to their first state
     train_eps = json.loads((tmp_path / "heldout.json").read_text())["train_episodes"]
-    info = data.dataset_info(arm_root)
-    chunks, _ = data.action_chunks(info, T, episodes=train_eps)
-    states = data.chunk_states(info, episodes=train_eps)
+    info = reader.dataset_info(arm_root)
+    chunks, _ = reader.action_chunks(info, T, episodes=train_eps)
+    states = reader.chunk_states(info, episodes=train_eps)
     rel = chunks - states[:, None, [2, 0, 3]] * np.array([1.0, 1.0, 0.0])
     flat = rel.reshape(-1, 3).astype(np.float64)
     lo, hi = np.quantile(flat, 0.01, axis=0), np.quantile(flat, 0.99, axis=0)

@@ -10,9 +10,11 @@ import pytest
 import torch
 from lerobot.utils.constants import OBS_STATE
 
-from vla import data, train
-from vla.config import TrainConfig, tokenizer_config
-from vla.dataset import ActionChunkDataset
+from vla import train
+from vla.data import reader
+from vla.config import TrainConfig
+from vla.tokenizer_choice import tokenizer_config
+from vla.data.torch_dataset import ActionChunkDataset
 from vla.evaluate import evaluate
 from vla.policy import VLAConfig, VLAPolicy
 from vla.sim.rollout import run_episodes
@@ -21,8 +23,8 @@ N = 3
 
 
 def test_both_backends_give_the_last_n_states_with_the_first_repeated(tiny_dataset_root):
-    info = data.dataset_info(tiny_dataset_root)
-    frames = data._read_frames(info, info.episode_index.tolist(), [OBS_STATE])
+    info = reader.dataset_info(tiny_dataset_root)
+    frames = reader._read_frames(info, info.episode_index.tolist(), [OBS_STATE])
     memory = ActionChunkDataset(info, 4, backend="memory", obs_steps=N)
     lerobot = ActionChunkDataset(info, 4, backend="lerobot", obs_steps=N)
     second_episode = int(info.episode_lengths[0])
@@ -119,10 +121,10 @@ def test_the_prefix_reads_the_current_state_and_its_scaled_changes(history_polic
     assert scale.shape == (policy.config.state_dim,) and (scale > 0).all()
     # vla train's fit (on the training episodes): one frame's normalised change, times the scale, has its 99th
     # percentile at 1 per moving dim (all episodes here: close to 1)
-    changes = data.state_changes(tiny_dataset_root) / policy.state_normalizer.scale * scale
+    changes = reader.state_changes(tiny_dataset_root) / policy.state_normalizer.scale * scale
     q99 = np.quantile(np.abs(changes), 0.99, axis=0)
     assert (q99 > 0).sum() > 10 and (np.abs(q99[q99 > 0] - 1) < 0.25).all(), q99
-    from vla.pipeline import EncodeHistory
+    from vla.policy.pipeline import EncodeHistory
 
     s = policy.config.state_dim
     history = np.stack([np.full((2, s), 1.0), np.full((2, s), 3.0), np.full((2, s), 4.0)], axis=1)  # [B, 3, S]

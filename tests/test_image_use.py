@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import action_tokenizers as at
-from vla.data import action_chunks, dataset_info
+from vla.data.reader import action_chunks, dataset_info
 from vla.policy import VLAConfig, VLAPolicy
-from vla.stats import frame_stats
+from vla.data.stats import frame_stats
 
 REPO = Path(__file__).parents[1]
 CAM = "observation.images.corner2"

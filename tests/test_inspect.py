@@ -41,7 +41,7 @@ def test_token_kinds_mark_padding_and_the_mask_hides_it(tmp_path):
 
     pol = policy("fast")
     batch = {"observation.state": np.zeros((2, 4)), "task": ["push", "push the puck"], "action": np.zeros((2, T, D))}
-    from vla.pipeline import run
+    from vla.policy.pipeline import run
 
     seq = run(pol.pipeline.training, batch)["sequence"]
     kinds = token_kinds(pol, seq)

@@ -1,4 +1,4 @@
-"""The fast training path: ``PrefixLM.loss`` through ``vla.lean.suffix_hidden`` (no work on padding, the last layer
+"""The fast training path: ``PrefixLM.loss`` through ``vla.model.lean.suffix_hidden`` (no work on padding, the last layer
 only where the loss reads, optionally compiled) gives transformers' loss and gradients; the data path's caches and
 batched reads give the very batches they replace."""
 
@@ -12,13 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import vla.lean as lean
+import vla.model.lean as lean
 from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
-from vla.decode import fixed_chunk_length
-from vla.model import build_model
-from vla.pipeline import TokenizeActions
-from vla.sequence import SequenceLayout, VocabMap
+from vla.model.decode import fixed_chunk_length
+from vla.model.prefix_lm import build_model
+from vla.policy.pipeline import TokenizeActions
+from vla.model.sequence import SequenceLayout, VocabMap
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -127,7 +127,7 @@ def test_compile_falls_back_to_the_uncompiled_layers_with_a_warning(monkeypatch,
     monkeypatch.setattr(lean, "_compiled_stack", cannot_compile)
     reference = loss_and_grads(model, seq, images)
     model.compile_training = True
-    with caplog.at_level(logging.WARNING, logger="vla.lean"):
+    with caplog.at_level(logging.WARNING, logger="vla.model.lean"):
         got = loss_and_grads(model, seq, images)
     assert not model.compile_training  # it does not try again every step
     assert "torch.compile could not compile the training step (RuntimeError: InvalidCxxCompiler" in caplog.text
@@ -146,7 +146,7 @@ def test_compile_option_reaches_training(tiny_dataset_root, tmp_path, monkeypatc
         return original(model, seq, images)
 
     monkeypatch.setattr(lean, "_compiled_stack", lambda: lean._packed_stack)
-    monkeypatch.setattr("vla.model.suffix_hidden", spy)
+    monkeypatch.setattr("vla.model.prefix_lm.suffix_hidden", spy)
     code = main(["train", "--config_path=configs/debug.yaml", f"--dataset_root={tiny_dataset_root}",
                  f"--output_dir={tmp_path / 'run'}", "--steps=2", "--save_every=2", "--progress=false",
                  "--compile=true"])  # fmt: skip
@@ -186,7 +186,7 @@ def test_batched_prefixes_equal_row_by_row(picks, scale, encoding):
 
 def test_a_cut_task_is_logged_every_time(caplog):
     layout = SequenceLayout(VocabMap.compact(16), max_prefix_len=24, state_encoding="embedding")
-    with caplog.at_level(logging.WARNING, logger="vla.sequence"):
+    with caplog.at_level(logging.WARNING, logger="vla.model.sequence"):
         for _ in range(2):
             layout.build_training_sequence(["a very long task " * 4], np.zeros((1, 3)), [[1, 2]])
     assert layout.stats.tasks_truncated == 2 and caplog.text.count("too long for max_prefix_len") == 2
@@ -206,7 +206,7 @@ def test_tokenize_actions_cache_gives_the_tokenizers_own_ids():
 
 
 def test_a_batch_read_at_once_equals_samples_read_one_by_one(tiny_image_dataset_root):
-    from vla.dataset import ActionChunkDataset
+    from vla.data.torch_dataset import ActionChunkDataset
 
     ds = ActionChunkDataset(tiny_image_dataset_root, T, image_size=32, backend="memory", progress=False,
                             image_keys=["observation.images.corner2"])  # fmt: skip

@@ -196,17 +196,17 @@ def test_lerobot_observation_is_what_lerobots_metaworld_env_gives():
 @pytest.mark.slow
 def test_stock_lerobot_train_fits_a_tokenizer_then_vla_eval_on_its_checkpoint(tiny_dataset_root, tmp_path):
     """No --policy.action_tokenizer_path: the policy fits one on the dataset, with the prompt words, as vla train."""
-    from vla import data
+    from vla.data import reader
     from vla.cli import main
     from vla.policy.processor_vla import NORMALIZER_STEP
-    from vla.text import prompt_words
+    from vla.model.text import prompt_words
 
     checkpoint = _lerobot_train(tiny_dataset_root, tmp_path / "run")
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["type"] == "vla" and config["action_tokenizer_path"] is None
     # vla train's recipe: the state as an embedding, and the prompt's words in the compact vocabulary
     assert config["state_encoding"] == "embedding"
-    assert config["text_words"] == prompt_words(data.dataset_info(tiny_dataset_root).tasks)
+    assert config["text_words"] == prompt_words(reader.dataset_info(tiny_dataset_root).tasks)
     tok = at.load_tokenizer(checkpoint / "action_tokenizer")  # fitted on the dataset's chunks
     assert tok.name == "fast" and tok.time_horizon == config["time_horizon"] and tok.action_dim == 4
     steps = json.loads((checkpoint / "policy_preprocessor.json").read_text())["steps"]
@@ -224,7 +224,8 @@ def test_stock_lerobot_train_fine_tunes_a_saved_policy(tiny_dataset_root, tmp_pa
     from safetensors.torch import load_file
 
     from vla import train
-    from vla.config import TrainConfig, tokenizer_config
+    from vla.config import TrainConfig
+    from vla.tokenizer_choice import tokenizer_config
     from vla.policy import VLAConfig, VLAPolicy
 
     cfg = TrainConfig(dataset_root=str(tiny_dataset_root), output_dir=str(tmp_path / "source"), steps=2, batch_size=4,

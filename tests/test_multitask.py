@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from vla import train
-from vla.config import TrainConfig, tokenizer_config
+from vla.config import TrainConfig
+from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig, VLAPolicy
 
 TASKS = {"slide the block to the left": -0.8, "slide the block to the right": 0.8}
@@ -59,7 +60,7 @@ def test_balance_tasks_draws_each_task_equally_often(tmp_path):
     """One task with three times the other's frames: balanced sampling draws each about half the time."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from vla.dataset import ActionChunkDataset
+    from vla.data.torch_dataset import ActionChunkDataset
 
     root = tmp_path / "unbalanced"
     features = {"observation.state": {"dtype": "float32", "shape": (3,), "names": ["x", "y", "z"]},

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vla import data, defaults, train
+from vla import train
+from vla.data import defaults, reader
 from vla.cli import main
 from vla.config import load_config
-from vla.meta import flat_names
+from vla.data.meta import flat_names
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its configuration per encoded episode otherwise
@@ -103,7 +104,7 @@ def test_a_list_holding_one_list_of_26_names_trains_with_relative_actions(tmp_pa
     root = make_dataset(tmp_path / "humanoid", action=26, state=27, frames=12)
     set_names(root, "action", [names])
     set_names(root, "observation.state", {"motors": ["speed"] + names})
-    info = data.dataset_info(root)
+    info = reader.dataset_info(root)
     assert info.action_names == names and info.state_names == ["speed"] + names
     saved = tiny_run(root, tmp_path / "run")
     assert saved["policy"]["action_state_dims"] == list(range(1, 27))  # matched by name
@@ -115,7 +116,7 @@ def test_a_list_holding_one_list_of_26_names_trains_with_relative_actions(tmp_pa
 def test_names_that_do_not_fit_the_shape_are_ignored_and_said(tmp_path, capsys):
     root = make_dataset(tmp_path / "ds", episodes=2)
     set_names(root, "action", ["a", "b"])  # 2 names for 3 values
-    assert data.dataset_info(root).action_names is None
+    assert reader.dataset_info(root).action_names is None
     assert main(["data", "info", str(root)]) == 0
     out = capsys.readouterr().out
     assert "NOTE: " in out and "features.action.names lists 2 names for 3 values; they are ignored" in out
@@ -132,7 +133,7 @@ def arm_50hz(tmp_path_factory) -> Path:
 
 
 def test_defaults_are_chosen_from_the_data_and_say_why(arm_50hz):
-    info = data.dataset_info(arm_50hz)
+    info = reader.dataset_info(arm_50hz)
     cfg, choices = defaults.choose(load_config(args=[f"--dataset_root={arm_50hz}"]), info)
     why = {c.name: c.why for c in choices}
     assert cfg.policy.time_horizon == round(defaults.CHUNK_SECONDS * 50) and "at 50 fps" in why["policy.time_horizon"]
@@ -148,7 +149,7 @@ def test_defaults_are_chosen_from_the_data_and_say_why(arm_50hz):
 
 
 def test_an_explicit_value_always_wins(arm_50hz):
-    info = data.dataset_info(arm_50hz)
+    info = reader.dataset_info(arm_50hz)
     args = [f"--dataset_root={arm_50hz}", "--policy.time_horizon=7", "--policy.n_action_steps=7", "--heldout_episodes=0",
             "--policy.n_obs_steps=1", "--policy.relative_actions=none", "--policy.action_state_dims=[3,2,1]"]  # fmt: skip
     cfg, choices = defaults.choose(load_config(args=args), info)
@@ -211,7 +212,7 @@ def test_each_shape_trains_with_the_defaults_and_reports(shape, tmp_path):
     if shape == "nested_names_50hz":
         set_names(root, "action", [["j0", "j1", "gripper"]])
         set_names(root, "observation.state", {"motors": ["c", "j0", "j1"], "grippers": ["gripper"]})
-    info = data.dataset_info(root)
+    info = reader.dataset_info(root)
     saved = tiny_run(root, tmp_path / "run")
     p = saved["policy"]
     assert p["time_horizon"] == max(1, round(defaults.CHUNK_SECONDS * info.fps))

@@ -14,10 +14,10 @@ import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
 from tests.test_policy import make_batch, make_policy, normalizers
-from vla.decode import fixed_chunk_length, generate
-from vla.pipeline import SEQUENCE, run
+from vla.model.decode import fixed_chunk_length, generate
+from vla.policy.pipeline import SEQUENCE, run
 from vla.policy import VLAConfig, VLAPolicy
-from vla.sequence import SequenceLayout, VocabMap
+from vla.model.sequence import SequenceLayout, VocabMap
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,8 +13,8 @@ from lerobot.configs import PreTrainedConfig
 import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers, write_gemma_like_tokenizer
-from vla.policy import VLAConfig, VLAPolicy, make_vla_pre_post_processors
-from vla.text import prompt_words
+from vla.policy import VLAConfig, VLAPolicy
+from vla.model.text import prompt_words
 
 S = 5  # state dimension
 CAM = "observation.images.front"
@@ -115,7 +115,7 @@ def test_forward_gives_a_loss_and_metrics():
 
 def test_packed_batch_from_the_collate_gives_the_raw_batchs_loss():
     """The DataLoader's collate (the pipeline's training steps in a worker) and a raw batch give the same loss."""
-    from vla.pipeline import Collate
+    from vla.policy.pipeline import Collate
 
     policy = make_policy(cameras=(CAM,)).eval()
     batch = make_batch(cameras=(CAM,))
@@ -145,7 +145,7 @@ def test_step_through_yields_every_intermediate():
 
 
 def test_random_shift_moves_each_image_by_whole_pixels_within_its_pad():
-    from vla.images import IMAGES, ShiftImages
+    from vla.policy.images import IMAGES, ShiftImages
 
     torch.manual_seed(0)
     images = torch.rand(8, 2, 3, 12, 12)  # [B, N, 3, S, S]
@@ -286,7 +286,7 @@ def test_bad_observations_get_clear_errors():
 def test_a_long_task_is_truncated_and_logged(caplog):
     policy = make_policy(max_prefix_len=48)
     batch = make_batch(b=1) | {"task": ["please " * 40]}
-    with caplog.at_level(logging.WARNING, logger="vla.sequence"):
+    with caplog.at_level(logging.WARNING, logger="vla.model.sequence"):
         chunk = policy.predict_action_chunk(batch)
     assert torch.isfinite(chunk).all() and "too long" in caplog.text
     assert policy.layout.stats.tasks_truncated == 1
@@ -348,9 +348,9 @@ def test_a_local_paligemma_checkpoint_loads_offline(tmp_path):
     """The real-checkpoint path on a stand-in: PaliGemma's vocabulary layout, HF's checkpoint format, no network."""
     from transformers import PaliGemmaForConditionalGeneration
 
-    from vla.model import PRESETS, paligemma_config
-    from vla.sequence import VocabMap
-    from vla.text import LocalTextTokenizer
+    from vla.model.prefix_lm import PRESETS, paligemma_config
+    from vla.model.sequence import VocabMap
+    from vla.model.text import LocalTextTokenizer
 
     tok = fitted_tokenizers()["fast"]
     checkpoint = tmp_path / "paligemma"

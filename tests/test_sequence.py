@@ -10,11 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
-from vla.sequence import SequenceLayout, VocabMap, prefix_lm_mask
-from vla.text import ByteTextTokenizer, LocalTextTokenizer, clean_task, prompt_words
+from vla.model.sequence import SequenceLayout, VocabMap, prefix_lm_mask
+from vla.model.text import ByteTextTokenizer, LocalTextTokenizer, clean_task, prompt_words
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -121,7 +120,7 @@ def test_state_bins_match_numpy_digitize():
 
 def test_a_long_task_is_cut_and_logged(caplog):
     layout = SequenceLayout(VocabMap.compact(16), max_prefix_len=64)
-    with caplog.at_level(logging.WARNING, logger="vla.sequence"):
+    with caplog.at_level(logging.WARNING, logger="vla.model.sequence"):
         ids = layout.prefix_text_ids("a very long task " * 20, np.zeros(3))
     assert len(ids) == 64
     assert layout.stats.tasks_truncated == 1 and "too long" in caplog.text

@@ -13,9 +13,9 @@ import torch
 import action_tokenizers as at
 from vla import train
 from vla.config import load_config
-from vla.data import action_chunks, chunk_states, dataset_info
-from vla.dataset import ActionChunkDataset
-from vla.pipeline import IMAGES, SEQUENCE, Collate
+from vla.data.reader import action_chunks, chunk_states, dataset_info
+from vla.data.torch_dataset import ActionChunkDataset
+from vla.policy.pipeline import IMAGES, SEQUENCE, Collate
 from vla.policy import VLAConfig, VLAPolicy
 
 A, B = "observation.images.top", "observation.images.wrist"  # 64x64 video, 48x80 PNG

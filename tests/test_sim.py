@@ -97,7 +97,7 @@ def test_expert_through_rollout_succeeds_on_eval_seeds():
 
 def test_rollout_reproduces_the_recording(tiny_dataset_root):
     """The expert through the rollout loop, on the recording's seeds, does exactly what was recorded."""
-    from vla.data import dataset_info
+    from vla.data.reader import dataset_info
 
     recording = dataset_info(tiny_dataset_root).recording
     report = episodes(make_expert(PUSH), PUSH, recording["attempts"], seed_start=recording["seed_start"])
@@ -229,11 +229,11 @@ def test_cli_records_and_prints_the_success_rate(tmp_path, capsys):
 
 def test_noisy_recording_stores_the_experts_action_and_reproduces(tmp_path):
     """DART noise: the env runs perturbed actions, the dataset keeps the expert's action for each stored state."""
-    from vla import data
+    from vla.data import reader
 
     def frames(root):
-        info = data.dataset_info(root)
-        return info, data._read_frames(info, list(range(info.num_episodes)), ["observation.state", "action"])
+        info = reader.dataset_info(root)
+        return info, reader._read_frames(info, list(range(info.num_episodes)), ["observation.state", "action"])
 
     noisy = record(PUSH, 2, tmp_path / "noisy", action_noise=0.3, progress=False)
     again = record(PUSH, 2, tmp_path / "again", action_noise=0.3, progress=False)
@@ -284,7 +284,7 @@ def test_task_sets_and_lists_name_several_envs():
 
 
 def test_multitask_recording_holds_every_task_with_its_instruction(tmp_path):
-    from vla.data import dataset_info
+    from vla.data.reader import dataset_info
     from vla.sim.record import read_recording, record
 
     root = tmp_path / "two"

@@ -8,9 +8,10 @@ import torch
 from safetensors.torch import load_file
 
 from vla import train
-from vla.config import TrainConfig, load_config, tokenizer_config
+from vla.config import TrainConfig, load_config
+from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
-from vla.stats import frame_stats
+from vla.data.stats import frame_stats
 
 
 def config(root, out, steps, **kw) -> TrainConfig:
@@ -103,9 +104,9 @@ def test_workers_pack_the_same_batches(tiny_dataset_root, tmp_path):
 
 def test_normalisers_come_from_the_training_frames(tiny_dataset_root, tmp_path):
     """Exact quantiles of the training episodes' frames, not stats.json's averaged per-episode ones."""
-    from vla import data
+    from vla.data import reader
 
-    info = data.dataset_info(tiny_dataset_root)
+    info = reader.dataset_info(tiny_dataset_root)
     train_eps = [0, 1, 2]
     policy = train.build_policy(config(tiny_dataset_root, tmp_path, steps=1), info, train_eps)
     exact = frame_stats(tiny_dataset_root, ["observation.state", "action"], episodes=train_eps)

@@ -90,7 +90,7 @@ def rows(cls: type, prefix: str, fields: list[str], comments: dict[str, str], un
 def reference() -> str:
     """The markdown between the markers: TrainConfig's fields, then VLAConfig's (``--policy.<field>``)."""
     from vla.config import TrainConfig
-    from vla.defaults import FROM_DATA
+    from vla.data.defaults import FROM_DATA
     from vla.policy import VLAConfig
 
     unset_train = {k for k in FROM_DATA if k != "policy"}

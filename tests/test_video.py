@@ -14,9 +14,9 @@ import torch
 
 from vla.cli import main
 from vla.compare import load_split
-from vla.data import action_chunks, dataset_info
-from vla.videos import check_videos, video_index
-from vla.dataset import MEMORY_BUDGET, ActionChunkDataset, choose_backend, frame_bytes, open_dataset
+from vla.data.reader import action_chunks, dataset_info
+from vla.data.videos import check_videos, video_index
+from vla.data.torch_dataset import MEMORY_BUDGET, ActionChunkDataset, choose_backend, frame_bytes, open_dataset
 from vla.io import read_json
 
 CAM = "observation.images.corner2"

@@ -1,4 +1,4 @@
-"""The vision encoders of ``vla.vision``: the keypoint encoder (the spatial softmax, shapes and token count, that it
+"""The vision encoders of ``vla.model.vision``: the keypoint encoder (the spatial softmax, shapes and token count, that it
 localises a small object, a policy built with it: lean decoding, save/load, gradients into the conv stem, bad names)
 and the conv encoder (shapes, and that a policy built with it learns to act on what its camera shows)."""
 
@@ -14,13 +14,13 @@ from torch import nn
 import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
-from vla.decode import generate
-from vla.lean import LeanSteps
-from vla.model import build_model, get_preset
-from vla.pipeline import IMAGES, SEQUENCE, run
+from vla.model.decode import generate
+from vla.model.lean import LeanSteps
+from vla.model.prefix_lm import build_model, get_preset
+from vla.policy.pipeline import IMAGES, SEQUENCE, run
 from vla.policy import VLAConfig, VLAPolicy
-from vla.sequence import VocabMap
-from vla.vision import ConvEncoder, KeypointEncoder, spatial_softmax
+from vla.model.sequence import VocabMap
+from vla.model.vision import ConvEncoder, KeypointEncoder, spatial_softmax
 
 S = 5  # state dimension
 CAM = "observation.images.front"
@@ -148,7 +148,7 @@ def test_build_model_swaps_the_tower_and_keeps_the_token_count(preset, tokens, e
 # --- the policy ---------------------------------------------------------------------------------------------
 def test_a_keypoint_policy_decodes_leanly_and_survives_save_and_load(tmp_path):
     policy = make_policy()
-    assert LeanSteps.supports(policy.model)  # so predict_action_chunk's prefill runs through vla.lean
+    assert LeanSteps.supports(policy.model)  # so predict_action_chunk's prefill runs through vla.model.lean
     batch = make_batch(b=2)
     before = policy.predict_action_chunk(batch)
     assert before.shape == (2, T, D) and policy.last_decode_info.valid.all()

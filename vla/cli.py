@@ -13,7 +13,7 @@ import sys
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("vla.sim.cli", "record demonstrations into a LeRobot dataset; describe one"),
+    "data": ("vla.data.cli", "record demonstrations into a LeRobot dataset; describe one"),
     "compare": ("vla.compare", "compare action tokenizers on a dataset"),
     "tokenizer": ("vla.fit", "fit an action tokenizer on a dataset (vla tokenizer fit)"),
     "train": ("vla.train_cli", "train a policy from a config"),

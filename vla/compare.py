@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 import action_tokenizers as at
 from lerobot.utils.constants import ACTION
 
-from vla import data
-from vla.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
+from vla.data import reader
+from vla.policy.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
 from vla.io import atomic_write_text
 from vla.names import check_name
 from vla.provenance import provenance
@@ -79,7 +79,7 @@ def parse_tokenizers(specs: str | list[str]) -> list[Entry]:
     return [parse_entry(s) for s in specs]
 
 
-def default_time_horizon(info: data.DatasetInfo, log: Callable[[str], None] = print) -> int:
+def default_time_horizon(info: reader.DatasetInfo, log: Callable[[str], None] = print) -> int:
     """One second of data, capped at the shortest episode (with a message)."""
     horizon = max(1, int(round(info.fps)))
     shortest = int(info.episode_lengths.min())
@@ -101,7 +101,7 @@ class Split:
 
 
 def load_split(root: Path, time_horizon: int | None, heldout: float, seed: int, log=print) -> Split:
-    info = data.dataset_info(root)
+    info = reader.dataset_info(root)
     if time_horizon is None:
         time_horizon = default_time_horizon(info, log)
     elif time_horizon > int(info.episode_lengths.max()):
@@ -109,11 +109,11 @@ def load_split(root: Path, time_horizon: int | None, heldout: float, seed: int, 
             f"time horizon {time_horizon} is longer than every episode (longest {int(info.episode_lengths.max())}); "
             "pass a smaller --time-horizon"
         )
-    train_eps, held_eps = data.split_episodes(info, heldout=heldout, seed=seed)
+    train_eps, held_eps = reader.split_episodes(info, heldout=heldout, seed=seed)
     if not held_eps:
         raise ValueError("the held-out share is 0; pass --episodes-heldout between 0 and 1 (e.g. 0.2)")
-    train_raw, _ = data.action_chunks(info, time_horizon, episodes=train_eps)
-    held_raw, _ = data.action_chunks(info, time_horizon, episodes=held_eps)
+    train_raw, _ = reader.action_chunks(info, time_horizon, episodes=train_eps)
+    held_raw, _ = reader.action_chunks(info, time_horizon, episodes=held_eps)
     normalizer = at.Normalizer.fit(train_raw[:, 0, :], "quantile")  # every training frame's action once
     normalize = Normalize(None, normalizer)  # the policy pipeline's own step
     return Split(

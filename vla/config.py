@@ -8,7 +8,7 @@ The tokenizer choices are made from the tokenizer library's own registry (``acti
 tokenizer's ``Options`` dataclass becomes ``--tokenizer.type=<name>`` with the same fields and defaults, so a new
 tokenizer needs no line here.
 
-With no config file (``vla train --dataset_root DIR``) the run starts from ``vla.defaults.FROM_DATA``: the chunk
+With no config file (``vla train --dataset_root DIR``) the run starts from ``vla.data.defaults.FROM_DATA``: the chunk
 length, relative actions, state history, cameras and held-out split are chosen from the dataset when training starts
 (each printed with its reason and saved in the run's train_config.json), and whatever is given on the command line
 wins. A config file starts from the fixed defaults below; it writes ``null`` (or ``auto``) for a setting to be chosen.
@@ -20,68 +20,16 @@ drops the YAML's tokenizer options (``configs/aloha.yaml --tokenizer.type=beast`
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
-import typing
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any
 
 import draccus
-import numpy as np
 import yaml
 
-import action_tokenizers as at
-from vla.data import DatasetInfo
-from vla.policy import VLAConfig
-
-
-# --- action tokenizers: one choice per entry of the library's registry -------------------------------------------
-@dataclass
-class TokenizerConfig(draccus.ChoiceRegistry):
-    # Load a tokenizer saved with save_pretrained (or `vla tokenizer fit`) instead of fitting one; its type must match.
-    pretrained_path: str | None = None
-
-    @property
-    def type(self) -> str:
-        return self.get_choice_name(type(self))
-
-    def options(self) -> dict[str, Any]:
-        """The fit options: every field but ``pretrained_path``."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pretrained_path"}
-
-    def build(self, chunks: np.ndarray) -> at.ActionTokenizer:
-        """Load ``pretrained_path``, or fit on normalised training chunks ``[N, T, D]``."""
-        if self.pretrained_path:
-            tok = at.load_tokenizer(self.pretrained_path)
-            if tok.name != self.type:
-                raise ValueError(f"{self.pretrained_path} holds a {tok.name!r} tokenizer, the config asks for {self.type!r}")
-            return tok
-        return at.get_tokenizer_class(self.type).fit(chunks, **self.options())
-
-
-def _choice_for(name: str, cls: type[at.ActionTokenizer]) -> type[TokenizerConfig]:
-    """A ``TokenizerConfig`` subclass with the fields of ``cls.Options``, registered as ``name``."""
-    hints = typing.get_type_hints(cls.Options)
-    fields = []
-    for f in dataclasses.fields(cls.Options):
-        default = {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory}
-        fields.append((f.name, hints[f.name], field(metadata=f.metadata, **default)))
-    config_cls = dataclasses.make_dataclass(f"{cls.__name__.removesuffix('Tokenizer')}Config", fields, bases=(TokenizerConfig,))
-    config_cls.__module__ = __name__
-    config_cls.__doc__ = f"Options of ``{cls.__name__}.fit`` (``--tokenizer.type={name}``)."
-    return TokenizerConfig.register_subclass(name)(config_cls)
-
-
-TOKENIZER_CONFIGS: dict[str, type[TokenizerConfig]] = {name: _choice_for(name, cls) for name, cls in at.TOKENIZERS.items()}
-
-
-DEFAULT_TOKENIZER = "fast"
-
-
-def tokenizer_config(name: str, **options: Any) -> TokenizerConfig:
-    """The tokenizer choice ``name`` with ``options`` set, e.g. ``tokenizer_config("bin", n_bins=64)``."""
-    return TOKENIZER_CONFIGS[at.get_tokenizer_class(name).name](**options)
+from vla.data.reader import DatasetInfo
+from vla.policy.configuration_vla import VLAConfig
+from vla.tokenizer_choice import DEFAULT_TOKENIZER, TokenizerConfig, tokenizer_config
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
@@ -116,12 +64,12 @@ class TrainConfig:
     progress: bool = True  # show a progress bar
     # What `vla train` chose from the dataset for the settings left unset, and why (written when training starts)
     chosen: dict[str, str] = field(default_factory=dict)
-    # torch.compile the model's layers in the training step (vla.lean); falls back to uncompiled where it cannot compile
+    # torch.compile the model's layers in the training step (vla.model.lean); falls back to uncompiled where it cannot compile
     compile: bool = False
 
     def resolved(self, info: DatasetInfo, log=print) -> TrainConfig:
-        """This config with every unset setting chosen from the dataset, one printed line each (``vla.defaults``)."""
-        from vla import defaults
+        """This config with every unset setting chosen from the dataset, one printed line each (``vla.data.defaults``)."""
+        from vla.data import defaults
 
         return defaults.resolve(self, info, log=log)
 
@@ -151,10 +99,10 @@ class TrainConfig:
 
 def resolve_action_state(policy: VLAConfig, info: DatasetInfo) -> VLAConfig:
     """``policy`` with ``action_state_dims`` and ``relative_actions`` fixed from the dataset
-    (``vla.defaults.action_state``): the state dimension of each action dimension (by name, else by values, else one
+    (``vla.data.defaults.action_state``): the state dimension of each action dimension (by name, else by values, else one
     to one when the dims agree; None when none matches), and ``"auto"`` turned into its mask (the dims whose state
     dimension tracks them, grippers kept absolute)."""
-    from vla import defaults
+    from vla.data import defaults
 
     return defaults.action_state(policy, info)[0]
 
@@ -170,8 +118,8 @@ def load_config(config_path: str | None = None, args: list[str] | None = None) -
             raise ValueError(f"no config file {path!r}; pass one of configs/*.yaml or your own YAML file")
     path = named[-1] if named else config_path
     with tempfile.TemporaryDirectory() as tmp:
-        if path is None:  # no config file: every setting vla.defaults chooses starts unset
-            from vla.defaults import FROM_DATA
+        if path is None:  # no config file: every setting vla.data.defaults chooses starts unset
+            from vla.data.defaults import FROM_DATA
 
             config_path = path = str(Path(tmp) / "from_data.yaml")
             Path(path).write_text(yaml.safe_dump(FROM_DATA, sort_keys=False))

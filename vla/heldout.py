@@ -37,11 +37,11 @@ import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
 import action_tokenizers as at
-from vla import data
-from vla.dataset import ActionChunkDataset
+from vla.data import reader
+from vla.data.torch_dataset import ActionChunkDataset
 from vla.io import atomic_write_text
-from vla.pipeline import IMAGES, SEQUENCE, current_state, packed, run
-from vla.stats import frame_stats
+from vla.policy.pipeline import IMAGES, SEQUENCE, current_state, packed, run
+from vla.data.stats import frame_stats
 
 REPORT = "offline_report"  # .json, .md, .png in the run folder
 CURVES = "heldout.png"
@@ -64,7 +64,7 @@ class Heldout:
 
     @classmethod
     def build(
-        cls, info: data.DatasetInfo, episodes: list[int], train_episodes: list[int], config, n_chunks: int
+        cls, info: reader.DatasetInfo, episodes: list[int], train_episodes: list[int], config, n_chunks: int
     ) -> Heldout:
         """``n_chunks`` chunks evenly spaced through ``episodes``' (all when fewer); ``config`` the policy's
         (resolved) ``VLAConfig``; the mean action and the normalised unit from ``train_episodes``' frames."""
@@ -223,7 +223,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['relative_actions']}.", "",
         f"- held-out RMSE (normalised, mean over dims): **{p['rmse']:.4f}** (MAE {p['mae']:.4f})",
         f"- mean-action baseline: {b['mean_action']['rmse']:.4f}; beats it: {verdict(report['beats_mean_action'])}",
-        f"- hold-state baseline: " + (f"{hold['rmse']:.4f}; beats it: {verdict(report['beats_hold_state'])}"
+        "- hold-state baseline: " + (f"{hold['rmse']:.4f}; beats it: {verdict(report['beats_hold_state'])}"
                                       if hold else f"not defined ({report['hold_state_undefined_because']})"),
         f"- next-token accuracy {p['accuracy']:.3f}, held-out loss {p['loss']:.4f}, valid chunks {p['valid_rate']:.1%}, "
         f"{p['tokens_per_chunk']:.1f} tokens per chunk, decode latency {p['latency_ms_p50']:.1f} ms (p50, one observation)",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla.pipeline import ACTION_IDS, SEQUENCE, run
+from vla.policy.pipeline import ACTION_IDS, SEQUENCE, run
 from vla.policy import VLAPolicy
 
 KINDS = ["padding", "image", "text", "state", "suffix text", "action"]
@@ -35,7 +35,7 @@ def sample_of(policy: VLAPolicy, dataset: Path | None, index: int) -> dict[str, 
     """One unbatched training sample: from the dataset, or the middle of the data's range."""
     config = policy.config
     if dataset is not None:
-        from vla.dataset import ActionChunkDataset
+        from vla.data.torch_dataset import ActionChunkDataset
 
         ds = ActionChunkDataset(dataset, config.time_horizon, image_keys=list(config.image_keys),
                                 backend="lerobot" if config.image_keys else "memory", obs_steps=config.n_obs_steps)  # fmt: skip
@@ -71,7 +71,7 @@ def trace_decoding(policy: VLAPolicy, batch: dict[str, Any], top: int = 5) -> li
     """Greedy decoding of one observation, step by step by full recomputation (slow, exact): per step the top
     probabilities after the constraint's mask, the chosen id and the size of the allowed set. A ``parallel`` policy's
     steps are its query slots, read from one forward pass in the order the constraint picks them."""
-    from vla.sequence import prefix_lm_mask
+    from vla.model.sequence import prefix_lm_mask
 
     prompt = run(policy.pipeline.prompt, batch)
     seq, images = prompt[SEQUENCE], prompt.get("images")

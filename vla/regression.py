@@ -29,9 +29,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import action_tokenizers as at
-from vla import data
+from vla.data import reader
 from vla.io import atomic_directory, read_json, write_json
-from vla.stats import frame_stats
+from vla.data.stats import frame_stats
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -148,13 +148,13 @@ def train_regression(
 
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be at least 1, got {steps} and {batch_size}")
-    info = data.dataset_info(root)
+    info = reader.dataset_info(root)
     if (info.state_dim, info.action_dim) != (config.state_dim, config.action_dim):
         raise ValueError(f"{root} holds S={info.state_dim}, D={info.action_dim}; the config says "
                          f"S={config.state_dim}, D={config.action_dim}")  # fmt: skip
     stats = frame_stats(info, [ACTION, OBS_STATE])  # exact quantiles, as vla train's normalisers
-    chunks, is_pad = data.action_chunks(info, config.time_horizon)  # [N, T, D], [N, T]
-    states = data.chunk_states(info)  # [N, S]
+    chunks, is_pad = reader.action_chunks(info, config.time_horizon)  # [N, T, D], [N, T]
+    states = reader.chunk_states(info)  # [N, S]
     torch.manual_seed(seed)
     policy = RegressionPolicy(config, at.Normalizer.from_stats(stats[ACTION]), at.Normalizer.from_stats(stats[OBS_STATE]))
     recipe = VLAConfig(scheduler_decay_steps=steps)

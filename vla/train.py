@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 import action_tokenizers as at
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla import data
+from vla.data import reader
 from vla.checkpoints import (
     CHECKPOINTS,
     CONFIG,
@@ -47,15 +47,15 @@ from vla.checkpoints import (
     save_checkpoint,
 )
 from vla.config import TrainConfig, resolve_action_state
-from vla.dataset import ActionChunkDataset, choose_backend
+from vla.data.torch_dataset import ActionChunkDataset, choose_backend
 from vla.fit import NORMALIZER_FILE
 from vla.io import atomic_write_text
 from vla.heldout import CURVES, Heldout, plot_curves, write_report
-from vla.pipeline import Collate, RelativeActions
+from vla.policy.pipeline import Collate, RelativeActions
 from vla.policy import VLAPolicy
 from vla.policy.saved_config import CONFIG_FILE, check_dataset_fits, check_same_policy, load_policy_config
-from vla.stats import array_stats, frame_stats
-from vla.text import prompt_words
+from vla.data.stats import array_stats, frame_stats
+from vla.model.text import prompt_words
 
 
 HELDOUT = "heldout.json"  # the run's held-out (and training) episode ids
@@ -105,7 +105,7 @@ class StepBatchSampler(Sampler[list[int]]):
 
 
 # --- building the policy ---------------------------------------------------------------------------------------
-def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
+def build_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
     """Normalisers from the training frames, the tokenizer fitted on the training episodes' chunks, a new model.
     With relative actions both the action normaliser and the tokenizer are fitted on what the model predicts: the
     training chunks relative to their first frame's state (openpi computes its norm stats after DeltaActions too).
@@ -122,18 +122,18 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
         state_dim=0 if stateless else info.state_dim,
         init_seed=cfg.seed if cfg.policy.init_seed is None else cfg.policy.init_seed,
     ), info)  # fmt: skip
-    # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see vla.stats.load_stats).
+    # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see vla.data.stats.load_stats).
     stats = frame_stats(info, ["action"] if stateless else ["action", OBS_STATE], episodes=train_episodes)
-    chunks, _ = data.action_chunks(info, horizon, episodes=train_episodes)
+    chunks, _ = reader.action_chunks(info, horizon, episodes=train_episodes)
     mask = config.relative_mask()
     if mask is not None:
-        states = data.chunk_states(info, episodes=train_episodes)
+        states = reader.chunk_states(info, episodes=train_episodes)
         chunks = RelativeActions(mask, tuple(config.action_state_dims))({ACTION: chunks, OBS_STATE: states})[ACTION]
         stats["action"] = array_stats(chunks.reshape(-1, chunks.shape[-1]))
     action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
     state_norm = None if stateless else at.Normalizer.from_stats(stats[OBS_STATE], "quantile")
     if config.n_obs_steps > 1 and state_norm is not None and config.state_delta_scale is None:
-        config.state_delta_scale = delta_scale(data.state_changes(info, episodes=train_episodes) / state_norm.scale)
+        config.state_delta_scale = delta_scale(reader.state_changes(info, episodes=train_episodes) / state_norm.scale)
     pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None
     if pretrained is not None and (pretrained / NORMALIZER_FILE).is_file():  # `vla tokenizer fit`: its own normaliser
         if mask is not None:
@@ -145,17 +145,17 @@ def build_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[
     return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=action_norm, state_normalizer=state_norm)
 
 
-def finetune_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
+def finetune_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: list[int]) -> VLAPolicy:
     """The saved policy at ``cfg.policy.pretrained_path``, to train further: its weights, tokenizer and normalisers as
     saved (the weights learnt those action ids and normalised ranges; refitting either would change what they mean),
     with ``cfg.policy`` (the folder's config and the command line's optimiser, schedule or decoding changes). Prints
     how much of the new data falls outside the normalised range the tokenizer was fitted on."""
     path = Path(cfg.policy.pretrained_path)
     policy = VLAPolicy.from_pretrained(path, config=cfg.policy)
-    chunks, _ = data.action_chunks(info, policy.config.time_horizon, episodes=train_episodes)
+    chunks, _ = reader.action_chunks(info, policy.config.time_horizon, episodes=train_episodes)
     mask = policy.config.relative_mask()
     if mask is not None:  # the policy predicts actions relative to the state: what its normaliser saw
-        states = data.chunk_states(info, episodes=train_episodes)
+        states = reader.chunk_states(info, episodes=train_episodes)
         relative = RelativeActions(mask, tuple(policy.config.action_state_dims))
         chunks = relative({ACTION: chunks, OBS_STATE: states})[ACTION]
     outside = float(np.mean(np.abs(policy.action_normalizer.normalize(chunks)) > 1))
@@ -164,7 +164,7 @@ def finetune_policy(cfg: TrainConfig, info: data.DatasetInfo, train_episodes: li
     return policy
 
 
-def check_finetuning(cfg: TrainConfig, info: data.DatasetInfo) -> None:
+def check_finetuning(cfg: TrainConfig, info: reader.DatasetInfo) -> None:
     """Before any change to the run folder: ``policy.pretrained_path`` is a saved policy whose settings are
     ``cfg.policy``'s, and the dataset has its action and state dimensions and cameras."""
     path = Path(cfg.policy.pretrained_path)
@@ -182,7 +182,7 @@ def check_finetuning(cfg: TrainConfig, info: data.DatasetInfo) -> None:
 
 def task_weights(dataset: ActionChunkDataset) -> np.ndarray:
     """[N] sampling weights that draw every task equally often: a sample weighs 1 / its task's samples."""
-    tasks = data.frame_tasks(dataset.info, episodes=dataset.episodes)
+    tasks = reader.frame_tasks(dataset.info, episodes=dataset.episodes)
     if len(tasks) != len(dataset):
         raise RuntimeError(f"{len(tasks)} frames' tasks for {len(dataset)} samples; the dataset's files disagree")
     return 1.0 / np.bincount(tasks)[tasks]
@@ -259,14 +259,14 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {world} processes")
     run = Path(cfg.output_dir)
-    info = data.dataset_info(cfg.dataset_root)  # meta/ read once, passed on
+    info = reader.dataset_info(cfg.dataset_root)  # meta/ read once, passed on
     saved_policy = cfg.policy if cfg.policy.pretrained_path is not None else None  # fine-tuning (--policy.path)
     if saved_policy is not None and not cfg.resume:  # the saved policy fits the data: checked before any change
         check_finetuning(cfg, info)
     cfg = cfg.resolved(info, log=print if accelerator.is_main_process else None)  # unset settings from the data
     if saved_policy is not None:  # a saved policy's settings stand as trained: nothing is chosen for them
         cfg = dataclasses.replace(cfg, policy=saved_policy)
-    train_eps, heldout_eps = data.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
+    train_eps, heldout_eps = reader.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
 
     encoded = draccus.encode(cfg)
     if accelerator.is_main_process:  # a run folder is one run: checked before any work
@@ -286,7 +286,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     preset = dataclasses.asdict(policy.config.get_optimizer_preset())
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params) or None
     optimizer = torch.optim.AdamW(params, **{k: v for k, v in preset.items() if k != "grad_clip_norm"}, fused=fused)
-    policy.model.compile_training = cfg.compile  # torch.compile of the layers in the step (vla.lean), or not
+    policy.model.compile_training = cfg.compile  # torch.compile of the layers in the step (vla.model.lean), or not
     clip_norm = policy.config.optimizer_grad_clip_norm  # read before accelerate wraps the policy (DDP)
     # LeRobot's preset shrinks its warm-up and decay to a run shorter than scheduler_decay_steps; here the schedule is a
     # function of the step alone, so a run resumed with more --steps continues the schedule it started.

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from vla.checkpoints import latest_checkpoint, no_space
-from vla.config import TrainConfig, load_config, tokenizer_config
+from vla.config import TrainConfig, load_config
+from vla.tokenizer_choice import tokenizer_config
 from vla.io import read_json
 from vla.policy.modeling_vla import TOKENIZER_DIR
 from vla.policy.saved_config import CONFIG_FILE, load_policy_config

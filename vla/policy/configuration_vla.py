@@ -18,14 +18,14 @@ from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
 import action_tokenizers as at
 from action_tokenizers.normalize import NORM_MODES
-from vla.data import IMAGE_PREFIX
-from vla.model import PRESETS
+from vla.data.reader import IMAGE_PREFIX
+from vla.model.prefix_lm import PRESETS
 from vla.names import suggestion
-from vla.sequence import ATTENTIONS, DECODINGS, STATE_ENCODINGS
-from vla.vision import VISION_ENCODERS
+from vla.model.sequence import ATTENTIONS, DECODINGS, STATE_ENCODINGS
+from vla.model.vision import VISION_ENCODERS
 
 DTYPES = ("float32", "bfloat16")
-AUTO = "auto"  # a setting chosen from the dataset when `vla train` starts (vla.defaults)
+AUTO = "auto"  # a setting chosen from the dataset when `vla train` starts (vla.data.defaults)
 RELATIVE_CHOICES = ("none", "auto")  # or a mask per action dimension
 
 
@@ -37,7 +37,7 @@ class VLAConfig(PreTrainedConfig):
     push_to_hub: bool = False  # LeRobot's default is True; this project never reaches the network
 
     # --- backbone -----------------------------------------------------------------------------------------
-    preset: str = "tiny"  # backbone size (vla.model.PRESETS): "tiny" (CPU), "small", "paligemma-3b"
+    preset: str = "tiny"  # backbone size (vla.model.prefix_lm.PRESETS): "tiny" (CPU), "small", "paligemma-3b"
     backbone_path: str | None = None  # local PaliGemma checkpoint folder (weights + tokenizer.json), for "paligemma-3b"
     attn_implementation: str = "sdpa"  # transformers attention kernel: "sdpa" or "eager"
     dtype: str = "float32"  # weights: "float32" or "bfloat16" (GPU)
@@ -50,15 +50,15 @@ class VLAConfig(PreTrainedConfig):
 
     # --- shapes -------------------------------------------------------------------------------------------
     # T: actions per predicted chunk (openpi's action_horizon). None: from chunk_seconds and the dataset's fps, chosen
-    # when `vla train` starts (vla.defaults; the default without a config file)
+    # when `vla train` starts (vla.data.defaults; the default without a config file)
     time_horizon: int | None = 10
     # The chunk's length in seconds: when set, `vla train` sets time_horizon = round(chunk_seconds * fps) (it decides T
-    # even where time_horizon is set too); None with time_horizon None: vla.defaults.CHUNK_SECONDS
+    # even where time_horizon is set too); None with time_horizon None: vla.data.defaults.CHUNK_SECONDS
     chunk_seconds: float | None = None
     # actions executed from each chunk before predicting the next (<= time_horizon); None: half the chunk (vla train)
     n_action_steps: int | None = 5
     # LeRobot's field, here Optional: the states the policy reads (1: the current one); None: chosen when `vla train`
-    # starts (vla.defaults: 3 for a policy that reads a state and no camera, else 1)
+    # starts (vla.data.defaults: 3 for a policy that reads a state and no camera, else 1)
     n_obs_steps: int | None = 1
     # n_obs_steps (LeRobot's field) > 1: the policy reads the last n states, as the current one and its changes since
     # each earlier frame, each change times state_delta_scale (per state dim; vla train fits it so one frame's
@@ -81,7 +81,7 @@ class VLAConfig(PreTrainedConfig):
     state_encoding: str = "embedding"
     state_bins: int = 256  # text: the normalised state is written as integers in [0, state_bins)
     state_tokens: int = 1  # embedding: prefix embeddings the state encoder writes
-    # Compact vocabulary only: words given one id each (vla.sequence.prompt_words: the template's and the tasks').
+    # Compact vocabulary only: words given one id each (vla.model.sequence.prompt_words: the template's and the tasks').
     # Training fills it from the dataset's tasks; other text is spelled in bytes. Empty = bytes and numbers only.
     text_words: list[str] = field(default_factory=list)
     max_action_tokens: int | None = None  # most action ids generated per chunk; None = the constraint's max_length
@@ -92,11 +92,11 @@ class VLAConfig(PreTrainedConfig):
     # --- relative (delta) actions: openpi's DeltaActions --------------------------------------------------
     # Per action dimension, True = the model predicts action - state (the state's matching dimension, below) and the
     # state is added back on the way out, so decoded chunks are absolute. "none" = all absolute; "auto" = every
-    # dimension whose matched state dimension tracks it (vla.defaults.TRACKS) but grippers (named *grip*, *claw*,
+    # dimension whose matched state dimension tracks it (vla.data.defaults.TRACKS) but grippers (named *grip*, *claw*,
     # *finger*), fixed into a mask from the dataset when training starts.
     relative_actions: list[bool] | str = "none"
     # For each action dimension, the state dimension holding the same quantity (relative actions, and the held-out
-    # report's hold-the-state baseline). None = matched when training starts (vla.defaults.match_state): by feature
+    # report's hold-the-state baseline). None = matched when training starts (vla.data.defaults.match_state): by feature
     # name, else by values (the state dim each action dim tracks), else one to one when the dims are equal; stays None
     # when none matches: then give it, e.g. [0, 1, 2, 4, 5, 6] for piper_grape.
     action_state_dims: list[int] | None = None
@@ -244,7 +244,7 @@ class VLAConfig(PreTrainedConfig):
 
     # --- what LeRobot asks of a policy config ---------------------------------------------------------------
     def unresolved(self) -> list[str]:
-        """The settings left to be chosen from a dataset (None or "auto"); `vla train` fixes them (vla.defaults)."""
+        """The settings left to be chosen from a dataset (None or "auto"); `vla train` fixes them (vla.data.defaults)."""
         names = ("time_horizon", "n_action_steps", "n_obs_steps", "image_keys", "scheduler_decay_steps")
         return [n for n in names if getattr(self, n) is None] + \
             [n for n in ("vision_encoder", "relative_actions") if getattr(self, n) == AUTO]  # fmt: skip

@@ -1,5 +1,5 @@
 """The policy: a LeRobot ``PreTrainedPolicy`` that owns the prefix-LM, the action tokenizer, the normalisers and
-the data pipeline (``vla.pipeline``) built from them.
+the data pipeline (``vla.policy.pipeline``) built from them.
 
     policy = VLAPolicy(VLAConfig(time_horizon=10, n_action_steps=5, image_keys=["observation.images.corner2"]),
                        action_tokenizer=tok, action_normalizer=a_norm, state_normalizer=s_norm)
@@ -42,16 +42,16 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from safetensors.torch import load_model, save_model
 
 import action_tokenizers as at
-from vla.decode import VocabConstraint, fixed_chunk_length, generate
+from vla.model.decode import VocabConstraint, fixed_chunk_length, generate
 from vla.execution import StateHistory, executor
 from vla.io import atomic_directory, read_json, write_json
-from vla.model import build_model
-from vla.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
+from vla.model.prefix_lm import build_model
+from vla.policy.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.saved_config import check_dataset_fits, check_same_policy, load_policy_config
 from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
-from vla.sequence import PALIGEMMA_TEXT_VOCAB, SequenceLayout, VocabMap
-from vla.text import TEXT_TOKENIZER_DIR, LocalTextTokenizer
+from vla.model.sequence import PALIGEMMA_TEXT_VOCAB, SequenceLayout, VocabMap
+from vla.model.text import TEXT_TOKENIZER_DIR, LocalTextTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class VLAPolicy(PreTrainedPolicy):
                 f"VLAConfig.max_action_tokens = {config.max_action_tokens} can cut constrained chunks (they need up "
                 f"to {self.constraint.max_length} ids); raise it or leave it unset"
             )
-        # The data flow, both directions, built once from the parts above (vla.pipeline).
+        # The data flow, both directions, built once from the parts above (vla.policy.pipeline).
         self.pipeline = Pipeline.build(
             tokenizer=self.action_tokenizer, state_normalizer=self.state_normalizer,
             action_normalizer=self.action_normalizer, layout=self.layout, state_dim=config.state_dim,
@@ -432,14 +432,14 @@ def _tokenizer_from_config(
             "written by tok.save_pretrained (e.g. --policy.action_tokenizer_path=outputs/tok); LeRobot's trainer "
             "fits one on its dataset when no path is given"
         )
-    from vla import data
-    from vla.config import tokenizer_config
-    from vla.text import prompt_words
+    from vla.data import reader
+    from vla.tokenizer_choice import tokenizer_config
+    from vla.model.text import prompt_words
 
-    info = data.dataset_info(root)
+    info = reader.dataset_info(root)
     if not config.text_words and config.backbone_path is None:
         config.text_words = prompt_words(info.tasks)
-    chunks, _ = data.action_chunks(info, config.time_horizon)  # every episode: LeRobot's trainer trains on them all
+    chunks, _ = reader.action_chunks(info, config.time_horizon)  # every episode: LeRobot's trainer trains on them all
     logger.info("fitting a %s action tokenizer on %d chunks of %s (no action_tokenizer_path given)",
                 config.action_tokenizer_type, len(chunks), root)  # fmt: skip
     return tokenizer_config(config.action_tokenizer_type).build(action_normalizer.normalize(chunks))

@@ -19,7 +19,7 @@ mean_std divides by std + 1e-8. Neither clips (the tokenizers clip and count).
 
 How the policy knows: the normaliser step marks the batch (``NORMALIZED`` in LeRobot's complementary data, which
 reaches the policy as ``batch["vla.normalized"]``); the policy's own ``Normalize`` / ``Unnormalize`` steps
-(``vla.pipeline``) then pass the batch through, so ``predict_action_chunk`` returns normalised chunks and the
+(``vla.policy.pipeline``) then pass the batch through, so ``predict_action_chunk`` returns normalised chunks and the
 post-processor unnormalises them. Without the mark (``vla train``, ``vla eval``, serving, or a folder saved before
 these steps existed) the policy normalises itself, as before.
 """
@@ -39,7 +39,7 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 
 import action_tokenizers as at
 from vla.io import read_json
-from vla.pipeline import NORMALIZED
+from vla.policy.pipeline import NORMALIZED
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def normalizer_from_stats(stats: dict[str, dict[str, Any]] | None, key: str, mod
             logger.warning(
                 "%s: dimensions %s vary (min < max) but their q01 == q99 in these stats, so quantile normalisation "
                 "hides them. LeRobot's stats.json averages per-episode quantiles; normalise with exact ones "
-                "(`vla data stats`, or vla.stats.frame_stats as `vla train` does) or use the mean_std mode.",
+                "(`vla data stats`, or vla.data.stats.frame_stats as `vla train` does) or use the mean_std mode.",
                 key, collapsed.tolist(),
             )  # fmt: skip
     return at.Normalizer.from_stats(entry, mode)

@@ -1,7 +1,7 @@
 """Simulators behind one interface: an environment named by family and task, its scripted expert, a registry.
 
     env = make_env("metaworld/push-v3", image_keys=["observation.images.corner2"], image_size=128)
-    obs = env.reset(seed=EVAL_SEED_START)        # a dict with a dataset sample's keys (vla.data's contract)
+    obs = env.reset(seed=EVAL_SEED_START)        # a dict with a dataset sample's keys (vla.data.reader's contract)
     obs, reward, done, info = env.step(action)   # action float [env.action_dim]; info["success"]: bool
     expert = make_expert("metaworld/push-v3")    # expert.reset(seed); expert(obs) -> actions [k, D]
 
@@ -76,7 +76,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {}
 # Families imported on first use (their simulators are slow to import).
-_FAMILY_MODULES = {"metaworld": "vla.sim.metaworld_env", "toy": "vla.sim.toy_env", "aloha": "vla.sim.aloha_env"}
+_FAMILY_MODULES = {"metaworld": "vla.sim.metaworld_env", "toy": "vla.sim.toy_env", "aloha": "vla.sim.aloha"}
 
 
 def register(family: Family) -> Family:

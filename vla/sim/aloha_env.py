@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla.data import IMAGE_PREFIX
+from vla.data.reader import IMAGE_PREFIX
 from vla.names import check_name
-from vla.sim import Family, checked_action, checked_max_steps, register
+from vla.sim import checked_action, checked_max_steps
 from vla.sim.render import checked_cameras, fast_renderer
 
 FPS = 50
@@ -369,23 +369,3 @@ class AlohaEnv:
         for camera in self._cameras:
             check_name("ALOHA camera", camera, known)
         return fast_renderer(model, self.image_size, owner=self)
-
-
-def make_expert(task: str):
-    """The scripted expert of ``task`` (``vla.sim.aloha_expert``)."""
-    from vla.sim.aloha_expert import AlohaExpert
-
-    return AlohaExpert(task)
-
-
-register(
-    Family(
-        name="aloha",
-        tasks=task_names,
-        make_env=AlohaEnv,
-        make_expert=make_expert,
-        default_task="transfer-cube",
-        default_cameras=(IMAGE_PREFIX + DEFAULT_CAMERA,),
-        closed_loop_expert=False,
-    )
-)

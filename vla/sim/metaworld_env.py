@@ -1,6 +1,6 @@
 """Meta-World behind the simulator interface (``vla.sim``): one MT1 task per env, and its scripted expert.
 
-The observation is a dict with the keys of a dataset sample (``vla.data``), unbatched. Two conventions
+The observation is a dict with the keys of a dataset sample (``vla.data.reader``), unbatched. Two conventions
 (``observation=``):
 
 ``"privileged"`` (the default: what the README's policies are trained on)
@@ -42,7 +42,7 @@ import numpy as np
 
 from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
-from vla.data import IMAGE_PREFIX
+from vla.data.reader import IMAGE_PREFIX
 from vla.names import check_name
 from vla.sim import Family, checked_action, checked_max_steps, register
 from vla.sim.render import checked_cameras, close_at_exit, fast_renderer, offscreen_error

@@ -58,7 +58,7 @@ def checked_cameras(
 ) -> tuple[list[str], int | None]:
     """The cameras asked of an env, checked: dataset keys (``observation.images.<camera>``, or one of ``other_keys``),
     and their square size (``default_size`` when unset; None without cameras)."""
-    from vla.data import IMAGE_PREFIX
+    from vla.data.reader import IMAGE_PREFIX
 
     keys = list(image_keys)
     bad = [k for k in keys if not k.startswith(IMAGE_PREFIX) and k not in other_keys]

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from vla.io import atomic_write_text, write_json
+from vla.io import write_json
 from vla.provenance import dataset_fingerprint, git_state, provenance
 from vla.study.spec import MIN_SEEDS, Run, Study
 

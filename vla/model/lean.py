@@ -1,6 +1,6 @@
 """The lean decoding loop: prefill and one-token steps of a PaliGemma/Gemma backbone as plain tensor ops.
 
-``vla.decode.generate(..., lean=True)`` (the default with the KV cache) runs the prefill and every step here instead
+``vla.model.decode.generate(..., lean=True)`` (the default with the KV cache) runs the prefill and every step here instead
 of transformers' forward: the backbone's own Gemma layers and weights as plain ``F.linear`` / ``@`` / ``F.rms_norm`` /
 ``scaled_dot_product_attention`` calls on a static KV cache (buffers sized for the prompt plus ``max_new_tokens``,
 the mask and RoPE tables computed once per call), with q/k/v and gate/up each one matrix product for small models.
@@ -25,7 +25,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .sequence import Sequence
+from vla.model.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from .data import DatasetInfo, _check_root, _read_frames, as_info, nonfinite
-from .io import atomic_write_text, read_json, write_json
+from vla.data.reader import DatasetInfo, _check_root, _read_frames, as_info, nonfinite
+from vla.io import atomic_write_text, read_json, write_json
 
 
 def load_stats(root: str | Path) -> dict[str, dict[str, np.ndarray]]:

@@ -13,11 +13,11 @@ around it, two things that script does not do:
 * the result is written to a hidden sibling folder of ``DST`` and renamed into place at the end, so a failed
   conversion leaves no half-written ``DST`` (LeRobot's converter works in place, in ``SRC``'s own folder).
 
-and, before anything is written, a pre-flight: ``meta/info.json`` read through ``vla.meta`` (every field checked),
+and, before anything is written, a pre-flight: ``meta/info.json`` read through ``vla.data.meta`` (every field checked),
 ``DST`` neither ``SRC`` nor inside or around it, and the episodes ``meta/episodes.jsonl`` lists checked against the
 data files (LeRobot's converter numbers the files it finds, so one missing file fails late as "Number of episodes is
 not the same"); a missing, extra or damaged file is named. Feature names in any layout (a list holding one list, a
-dict of lists) are written flat (``vla.meta.flat_names``).
+dict of lists) are written flat (``vla.data.meta.flat_names``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vla import meta
+from vla.data import meta
 from vla.io import atomic_directory, read_json, write_json
 
 logger = logging.getLogger(__name__)

@@ -2,14 +2,14 @@
 
 Two verbs:
     loss, metrics = model.loss(seq, images)          # cross-entropy on the suffix (the action segment) only
-    gen = vla.decode.generate(model, prompt, images=images, vocab=..., constraint=...)
+    gen = vla.model.decode.generate(model, prompt, images=images, vocab=..., constraint=...)
 
 Sizes come from named presets (``PRESETS``): ``tiny`` trains on a laptop CPU, ``small`` is a ~50M model for a GPU,
 ``paligemma-3b`` is the real shape (Gemma 2B + SigLIP So400m/14 at 224 px) and loads weights from a local copy of
 a public PaliGemma checkpoint. ``micro`` exists for tests only. ``vision_encoder="keypoints"`` swaps the SigLIP tower
-for ``vla.vision.KeypointEncoder`` (a conv stem and a spatial softmax, one token per keypoint); everything else stays.
+for ``vla.model.vision.KeypointEncoder`` (a conv stem and a spatial softmax, one token per keypoint); everything else stays.
 
-How the mask reaches PaliGemma: we pass our own 4-D additive mask (``vla.sequence.prefix_lm_mask``, 0 where a query
+How the mask reaches PaliGemma: we pass our own 4-D additive mask (``vla.model.sequence.prefix_lm_mask``, 0 where a query
 may attend a key, the dtype's minimum elsewhere). transformers' mask builder returns a 4-D mask unchanged, so
 the same code path serves training, prefill and cached decoding, and padding never leaks. PaliGemma's own route
 (2-D padding mask + ``token_type_ids``) builds the same mask; ``tests/test_model.py`` checks the two agree.
@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
-from .lean import LeanSteps, suffix_hidden
-from .names import check_name
-from .sequence import Sequence, VocabMap
-from .vision import STRIDES, VISION_ENCODERS, build_tower
+from vla.model.lean import LeanSteps, suffix_hidden
+from vla.names import check_name
+from vla.model.sequence import Sequence, VocabMap
+from vla.model.vision import STRIDES, VISION_ENCODERS, build_tower
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def build_model(
     ``StateEncoder`` from a ``state_dim`` state to that many prefix embeddings (``state_encoding="embedding"``).
     ``query_slots`` > 0 adds a ``SlotEmbedding`` of that many learned inputs (``decoding="parallel"``).
     ``vision_encoder``: ``"siglip"`` (PaliGemma's tower), ``"keypoints"`` or ``"conv"``: the tower is replaced by a
-    randomly initialised ``KeypointEncoder`` or ``ConvEncoder`` (``vla.vision.build_tower``) giving as many tokens
+    randomly initialised ``KeypointEncoder`` or ``ConvEncoder`` (``vla.model.vision.build_tower``) giving as many tokens
     per camera as SigLIP would (``PrefixLM.image_tokens``), at SigLIP's width, so the projector, the image
     placeholders and both decoding paths read it unchanged (the backbone config, saved with a policy, still describes
     a SigLIP tower: its image size, patch size and width set the shapes).
@@ -255,7 +255,7 @@ class PrefixLM(nn.Module):
     ``state_encoder`` (optional) writes the state's embeddings into the prefix's state slots; ``slot_embedding``
     (optional, parallel decoding) writes the query slots' learned inputs."""
 
-    # True: ``loss`` runs the backbone's layers through torch.compile (``vla.lean.suffix_hidden``; off by default: the
+    # True: ``loss`` runs the backbone's layers through torch.compile (``vla.model.lean.suffix_hidden``; off by default: the
     # first steps pay the compilation, ~40 s for tiny on a busy CPU with a warm inductor cache, minutes without)
     compile_training: bool = False
 
@@ -384,7 +384,7 @@ class PrefixLM(nn.Module):
         decoding: each query slot's own action id, at every slot at once; the sequence's targets say which.)
 
         ``lean`` (None: wherever the backbone allows it, ``LeanSteps.supports``): the hidden states come from
-        ``vla.lean.suffix_hidden``, the backbone's own layers as plain tensor ops with no work on padding and the last
+        ``vla.model.lean.suffix_hidden``, the backbone's own layers as plain tensor ops with no work on padding and the last
         layer run only where the loss reads; ``False`` runs transformers' forward (the reference it is tested against).
 
         Metrics (0-d tensors, so nothing waits for the device until the caller reads them): ``loss``,

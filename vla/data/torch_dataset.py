@@ -1,5 +1,5 @@
 """Samples with action chunks for training: a torch ``Dataset`` over a LeRobot v3.0 dataset (the sample contract in
-``vla.data``'s docstring), read through LeRobot or from memory.
+``vla.data.reader``'s docstring), read through LeRobot or from memory.
 
     ds = ActionChunkDataset(info, 10, episodes=train_eps, image_keys=[])   # a torch.utils.data.Dataset
     sample = ds[0]      # {"observation.state": [S], "task": str, "action": [T, D], "action_is_pad": [T]}
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla.data import (
+from vla.data.reader import (
     DatasetInfo,
     _check_episodes,
     _check_image_keys,
@@ -34,7 +34,7 @@ from vla.data import (
     _read_frames,
     as_info,
 )
-from vla.videos import check_videos, video_index, video_keys
+from vla.data.videos import check_videos, video_index, video_keys
 
 BACKENDS = ("lerobot", "memory", "auto")
 MEMORY_BUDGET = 2 * 1024**3  # bytes of decoded uint8 frames "auto" keeps in memory
@@ -272,7 +272,7 @@ def _resized(image: torch.Tensor, key: str, size: int | None) -> torch.Tensor:
     """float ``[3, H, W]`` or ``[n, 3, H, W]`` -> the same at ``size`` x ``size`` (the pipeline's own resize)."""
     if size is None or image.shape[-2:] == (size, size):
         return image
-    from vla.images import camera_image
+    from vla.policy.images import camera_image
 
     batch = image if image.ndim == 4 else image[None]
     out = camera_image(batch, key, len(batch), size)

@@ -1,4 +1,4 @@
-"""The camera steps of the pipeline (``vla.pipeline`` lists them in its one list of transforms): every camera resized
+"""The camera steps of the pipeline (``vla.policy.pipeline`` lists them in its one list of transforms): every camera resized
 into one stacked ``images`` tensor, DrQ's random shift for training, and the check of one camera's frames."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Each step is a small frozen dataclass over a *batch* (a dict, the contract below
     "action_is_pad"                bool [B, T]           past the episode's end (reported only)
     "images"                       float [B, N, 3, S, S] the cameras stacked and resized (StackImages)
     "action_ids"                   list[list[int]]       action-tokenizer ids (TokenizeActions, or generated)
-    "sequence"                     vla.sequence.Sequence the packed rows the model reads (BuildSequence/BuildPrompt)
+    "sequence"                     vla.model.sequence.Sequence the packed rows the model reads (BuildSequence/BuildPrompt)
     "valid", "errors"              bool [B], list         per chunk: decoded validly, and why not (outputs)
     "vla.normalized"               bool                   set by LeRobot's processor step (vla.policy.processor_vla):
                                                           state and action arrive normalised, and leave normalised
@@ -38,10 +38,10 @@ import torch
 import action_tokenizers as at
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from .data import IMAGE_PREFIX
-from .images import IMAGES, ShiftImages, StackImages, camera_image
-from .names import suggestion
-from .sequence import SequenceLayout
+from vla.data.reader import IMAGE_PREFIX
+from vla.policy.images import IMAGES, ShiftImages, StackImages
+from vla.names import suggestion
+from vla.model.sequence import SequenceLayout
 
 Batch = dict[str, Any]
 ACTION_IDS, SEQUENCE = "action_ids", "sequence"
@@ -222,7 +222,7 @@ class BuildSequence:
 
 @dataclass(frozen=True)
 class BuildPrompt:
-    """Inference rows: prefix + ``"Action: "``, left-padded, for ``vla.decode.generate``."""
+    """Inference rows: prefix + ``"Action: "``, left-padded, for ``vla.model.decode.generate``."""
 
     layout: SequenceLayout
 

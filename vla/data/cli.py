@@ -6,7 +6,7 @@
     vla data record --task mt10 --episodes 50         # MT10's ten tasks into one dataset, 50 episodes each
     vla data info DIR                                 # what it holds, what `vla train` would choose, what will hurt
     vla data stats DIR                                # exact frame statistics into meta/stats.json
-    vla data convert SRC DST                          # a LeRobot v2.1 dataset -> a new v3.0 one (vla.convert)
+    vla data convert SRC DST                          # a LeRobot v2.1 dataset -> a new v3.0 one (vla.data.convert)
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true", help="print the recording metadata as JSON too")
     info.set_defaults(func=_info)
 
-    from vla.convert import add_cli as add_convert  # vla data convert SRC DST (LeRobot v2.1 -> v3.0)
+    from vla.data.convert import add_cli as add_convert  # vla data convert SRC DST (LeRobot v2.1 -> v3.0)
 
     add_convert(sub)
 
@@ -169,7 +169,7 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from vla.stats import write_exact_stats
+    from vla.data.stats import write_exact_stats
 
     print(f"wrote exact frame statistics of the action and state to {write_exact_stats(args.root)} "
           "(the original kept as stats.json.orig)")  # fmt: skip
@@ -177,10 +177,10 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from vla import defaults
+    from vla.data import defaults
     from vla.config import load_config
-    from vla.data import check_files, check_values, dataset_info
-    from vla.videos import check_videos
+    from vla.data.reader import check_files, check_values, dataset_info
+    from vla.data.videos import check_videos
 
     info = dataset_info(args.root)
     print(info.describe())
@@ -191,7 +191,7 @@ def _info(args: argparse.Namespace) -> int:
         print(f"  WARNING: '{name}' holds NaN or inf: {problem}")
     if not problems:
         print("  values: action and state are finite")
-    # training's own choice (vla.defaults.choose) on the config `vla train --dataset_root DIR` starts from
+    # training's own choice (vla.data.defaults.choose) on the config `vla train --dataset_root DIR` starts from
     print("\n".join(defaults.describe(info, load_config(args=[f"--dataset_root={info.root}"]))))
     if args.json and info.recording:
         print(json.dumps(info.recording, indent=2))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import DatasetInfo, _check_episodes, as_info
+from vla.data.reader import DatasetInfo, _check_episodes, as_info, episode_ranges
 
 
 def video_index(root: str | Path | DatasetInfo, key: str) -> dict[str, np.ndarray]:
@@ -62,18 +62,7 @@ def check_videos(
             episodes_in = [int(e) for e, p in zip(index["episode_index"], index["path"]) if p == missing[0]]
             raise ValueError(
                 f"{info.root} lacks the video file {missing[0].relative_to(info.root)} of camera {key} (episodes "
-                f"{_ranges(episodes_in)}; {len(missing)} of its {len(wanted)} files are missing). Copy the dataset's "
+                f"{episode_ranges(episodes_in)}; {len(missing)} of its {len(wanted)} files are missing). Copy the dataset's "
                 "videos/ folder again (or record it again); to train without this camera, leave it out of image_keys "
                 "(without any camera: image_keys=[] and backend='memory' read actions and state only)"
             )
-
-
-def _ranges(ids: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out, ids = [], sorted(ids)
-    for i in ids:
-        if out and i == out[-1][1] + 1:
-            out[-1][1] = i
-        else:
-            out.append([i, i])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)

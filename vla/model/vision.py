@@ -19,7 +19,7 @@ gradient into the tower dies with it.
 
 Each returns what SigLIP returns to ``get_image_features`` (``BaseModelOutputWithPooling.last_hidden_state``
 ``[B*N, tokens, hidden]``), so PaliGemma's projector, the image placeholders, both decoding paths (transformers'
-and ``vla.lean``) and the safetensors state dict work unchanged. ``vla.model.build_model`` swaps it in for the
+and ``vla.model.lean``) and the safetensors state dict work unchanged. ``vla.model.prefix_lm.build_model`` swaps it in for the
 vision tower; the number of tokens is the backbone's ``image_tokens`` (one per SigLIP patch), the one count the
 sequence layout reads.
 """

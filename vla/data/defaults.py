@@ -1,8 +1,8 @@
 """The settings ``vla train`` chooses from the dataset when the user leaves them unset, each with its reason; ``vla
 data info`` prints the same choices (this module's ``choose``, not a copy) and what in the data will hurt.
 
-    cfg = vla.defaults.resolve(cfg, info, log=print)   # every unset setting fixed, one line each; cfg.chosen: the whys
-    cfg, choices = vla.defaults.choose(cfg, info)      # the same, quietly: [Choice(name, value, why, given)]
+    cfg = vla.data.defaults.resolve(cfg, info, log=print)   # every unset setting fixed, one line each; cfg.chosen: the whys
+    cfg, choices = vla.data.defaults.choose(cfg, info)      # the same, quietly: [Choice(name, value, why, given)]
     facts = Facts.read(info)                           # what the choices rest on: state matching, grippers, constants
 
 "Unset" is None (``"auto"`` for ``vision_encoder`` and ``relative_actions``). ``vla train`` without ``--config_path``
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla import data
+from vla.data import reader
 from vla.policy.configuration_vla import AUTO
 
 # The chunk's default length: the configs that work span 0.125 s (push-v3, 80 Hz, T=10) to 1 s (ALOHA, 50 Hz, T=50),
@@ -81,7 +81,7 @@ class Facts:
     frames: int  # frames the facts were read from
 
     @classmethod
-    def read(cls, info: data.DatasetInfo) -> Facts:
+    def read(cls, info: reader.DatasetInfo) -> Facts:
         key = (str(info.root), info.num_frames, info.num_episodes)
         if key not in _FACTS:
             _FACTS.clear()  # one dataset at a time: the cache only spares training reading the frames twice
@@ -89,9 +89,9 @@ class Facts:
         return _FACTS[key]
 
     @classmethod
-    def _read(cls, info: data.DatasetInfo) -> Facts:
+    def _read(cls, info: reader.DatasetInfo) -> Facts:
         vectors = [ACTION] + ([OBS_STATE] if info.state_dim is not None else [])
-        frames = data._read_frames(info, _sample_episodes(info), vectors)
+        frames = reader._read_frames(info, _sample_episodes(info), vectors)
         arrays = {k: frames[k].astype(np.float64) for k in vectors}
         finite = np.all([np.isfinite(a).all(axis=1) for a in arrays.values()], axis=0)  # [F] rows without NaN/inf
         arrays = {k: a[finite] for k, a in arrays.items()}
@@ -161,7 +161,7 @@ def match_state(
                   "quantities")  # fmt: skip
 
 
-def _sample_episodes(info: data.DatasetInfo) -> list[int]:
+def _sample_episodes(info: reader.DatasetInfo) -> list[int]:
     """Whole episodes, evenly spaced, up to ``SAMPLE_FRAMES`` frames (at least one episode)."""
     if info.num_frames <= SAMPLE_FRAMES:
         return info.episode_index.tolist()
@@ -171,7 +171,7 @@ def _sample_episodes(info: data.DatasetInfo) -> list[int]:
 
 
 # --- the choices -------------------------------------------------------------------------------------------------
-def action_state(policy, info: data.DatasetInfo, facts: Facts | None = None):
+def action_state(policy, info: reader.DatasetInfo, facts: Facts | None = None):
     """``policy`` (a ``VLAConfig``) with ``action_state_dims`` and ``relative_actions`` fixed from the dataset, and
     the two ``Choice``s: the matched state dims (``match_state``), and ``"auto"`` turned into its mask (the dims whose
     state dim tracks them, grippers absolute; "none" when no state matches)."""
@@ -212,7 +212,7 @@ def action_state(policy, info: data.DatasetInfo, facts: Facts | None = None):
     return dataclasses.replace(policy, action_state_dims=dims, relative_actions=relative), choices
 
 
-def choose(cfg, info: data.DatasetInfo, facts: Facts | None = None):
+def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
     """``(cfg, choices)``: the ``TrainConfig`` with every unset setting chosen from ``info`` (see the module
     docstring), and one ``Choice`` per setting this module chooses, given or chosen, in the order they are made."""
     p, choices = cfg.policy, []
@@ -277,7 +277,7 @@ def choose(cfg, info: data.DatasetInfo, facts: Facts | None = None):
     return dataclasses.replace(cfg, policy=policy, heldout_episodes=heldout, chosen=chosen), choices
 
 
-def resolve(cfg, info: data.DatasetInfo, log=print):
+def resolve(cfg, info: reader.DatasetInfo, log=print):
     """``choose``, printing one line per choice (and one for the settings given) and what in the data will hurt. A
     resumed run (``--resume=true`` on a folder holding its train_config.json) keeps the choices it started with."""
     saved = _saved_run(cfg)
@@ -321,7 +321,7 @@ def _unset_from(cfg, saved: dict):
 
 
 # --- what will hurt ----------------------------------------------------------------------------------------------
-def warnings(info: data.DatasetInfo, policy, facts: Facts | None = None) -> list[str]:
+def warnings(info: reader.DatasetInfo, policy, facts: Facts | None = None) -> list[str]:
     """One line per thing in the data that will hurt a policy with ``policy``'s (resolved) settings."""
     out = list(info.notes)
     facts = facts or Facts.read(info)
@@ -363,7 +363,7 @@ def warnings(info: data.DatasetInfo, policy, facts: Facts | None = None) -> list
     return out
 
 
-def describe(info: data.DatasetInfo, cfg) -> list[str]:
+def describe(info: reader.DatasetInfo, cfg) -> list[str]:
     """``vla data info``'s lines: what ``vla train --dataset_root DIR`` would choose, and the warnings."""
     resolved, choices = choose(cfg, info)
     lines = ["what `vla train --dataset_root DIR` would choose:"] + [f"  {c.line()}" for c in choices]
@@ -376,7 +376,7 @@ def _listed(names: list[str] | None, dims: list[int]) -> str:
     return ", ".join(f"{i} ({names[i]})" if names else str(i) for i in dims) or "none"
 
 
-def _state_name(info: data.DatasetInfo, j: int) -> str:
+def _state_name(info: reader.DatasetInfo, j: int) -> str:
     return info.state_names[j] if info.state_names else f"state[{j}]"
 
 

@@ -1,5 +1,5 @@
 """A dataset's ``meta/`` folder, read in one place: every field is checked where it is read, and a bad one is one
-``ValueError`` that names the file, the field and the fix (``vla.data`` and ``vla.convert`` read through here).
+``ValueError`` that names the file, the field and the fix (``vla.data.reader`` and ``vla.data.convert`` read through here).
 
     info = InfoFile.read(root)           # meta/info.json
     info.fps(), info.features(), info.text("robot_type"), info.count("total_episodes")

@@ -15,7 +15,7 @@ token PaliGemma would try to fill with image features) may come; rows stop at ``
 ``use_cache=False`` recomputes the whole sequence (images included) at every step: the reference that the cached
 path must match id for id (``tests/test_decode.py``), and the baseline of ``scripts/bench_decode.py``.
 
-With the cache, ``lean=True`` (the default) runs the prefill and every step through ``vla.lean.LeanSteps``
+With the cache, ``lean=True`` (the default) runs the prefill and every step through ``vla.model.lean.LeanSteps``
 (the backbone's Gemma layers as plain tensor ops on a static KV cache); ``lean=False`` forces transformers' forward.
 
 One-pass decoding (a prompt with query slots, ``SequenceLayout(decoding="parallel")``): one forward pass gives the
@@ -38,12 +38,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from action_tokenizers import ActionTokenizer, Constraint, DecodeResult
 from action_tokenizers.constraint import LengthConstraint
 
-from .lean import LeanSteps
-from .sequence import Sequence, VocabMap, prefix_lm_mask
+from vla.model.lean import LeanSteps
+from vla.model.sequence import Sequence, VocabMap, prefix_lm_mask
 
 
 def fixed_chunk_length(constraint: Constraint) -> int | None:
@@ -187,7 +186,7 @@ def generate(
 ) -> Generation:
     """Generate action ids after a left-padded ``prompt`` (``SequenceLayout.build_prefix``) for every row.
 
-    ``model``: a ``vla.model.PrefixLM``. ``constraint``: the tokenizer's (lifted here) or ``None`` for free decoding.
+    ``model``: a ``vla.model.prefix_lm.PrefixLM``. ``constraint``: the tokenizer's (lifted here) or ``None`` for free decoding.
     ``max_new_tokens``: defaults to the constraint's ``max_length + 1`` (room for ``"|"``); required without one.
     Each row stops at ``"|"``/EOS; decoding ends when every row has stopped or after ``max_new_tokens`` steps.
     ``lean``: with the cache, run the steps after the prefill through ``LeanSteps`` where the backbone allows it.

@@ -9,7 +9,7 @@ pi0-FAST's layout (openpi; see REFERENCE.md), one row per sample:
   uniform bins over [-1, 1], written as space-separated integers (values outside [-1, 1] are clipped and counted).
 * ``state_encoding="embedding"`` (a departure from pi0-FAST, for models trained from scratch): the prompt reads
   ``"Task: {task}, State: " <s_1>..<s_k> ";\n"`` where the ``k`` state slots are not ids but embeddings the model
-  computes from the normalised state (``vla.model.StateEncoder``); ``Sequence.state_slots`` marks them.
+  computes from the normalised state (``vla.model.prefix_lm.StateEncoder``); ``Sequence.state_slots`` marks them.
 * Without a state (an image-only policy, ``VLAConfig.state_dim = 0``: states ``[B, 0]``) the prefix is the images
   and ``BOS "Task: {task};\n"``: no state slot, no state text.
 * The prefix-LM mask (openpi's cumulative-sum trick): every token carries ``ar`` (0 in the prefix, 1 in the suffix)
@@ -25,11 +25,11 @@ suffix with ``n`` query slots::
     prefix (bidirectional)                                          slots (one bidirectional block)
     [<image> ...] [BOS] "Task: {task}, State: {s};\n"               <q_1> .. <q_n>
 
-Slot ``i``'s input is not an id but a learned embedding of its own (``vla.model.SlotEmbedding``;
+Slot ``i``'s input is not an id but a learned embedding of its own (``vla.model.prefix_lm.SlotEmbedding``;
 ``Sequence.query_slots`` marks the slots), and it predicts action id ``i`` *at its own position* (not the next
 one): cross-entropy at every slot at once, on the slots only. Only the first slot has ``ar = 1``, so the slots
 share one causal block: each sees the whole prefix and every slot, the prefix never sees a slot. A prompt is the
-same row without targets; ``vla.decode.generate`` fills every slot in one forward pass.
+same row without targets; ``vla.model.decode.generate`` fills every slot in one forward pass.
 
 Vocabulary (``VocabMap``): text ids, then action ids. Two layouts:
 * ``compact`` (default, no download): 4 special ids, 256 byte ids, 256 number ids and optionally one id per
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .text import ACTION_MARKER, END_OF_ACTIONS, TextTokenizer, clean_task, ByteTextTokenizer
+from vla.model.text import ACTION_MARKER, END_OF_ACTIONS, TextTokenizer, clean_task, ByteTextTokenizer
 
 logger = logging.getLogger(__name__)
 

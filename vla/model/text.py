@@ -5,7 +5,7 @@ fixed pieces and the words worth one id each.
     ids = text.encode("Task: push the puck to a goal, State:")    # 2 ids instead of 37 bytes
     text.decode(ids)                                               # the same string back
 
-The token layout (where these ids go in a sequence, who attends to whom) is ``vla.sequence``'s job.
+The token layout (where these ids go in a sequence, who attends to whom) is ``vla.model.sequence``'s job.
 """
 
 from __future__ import annotations

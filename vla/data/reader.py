@@ -1,13 +1,13 @@
-"""LeRobot v3.0 datasets in: what a dataset holds, fast chunk extraction, splits (statistics: ``vla.stats``;
-video files: ``vla.videos``).
+"""LeRobot v3.0 datasets in: what a dataset holds, fast chunk extraction, splits (statistics: ``vla.data.stats``;
+video files: ``vla.data.videos``).
 
 Everything reads a local dataset folder (``root``, the one holding ``meta/`` and ``data/``), offline.
 
     info = dataset_info(root)                      # fps, episode lengths, features, cameras, dims
     chunks, is_pad = action_chunks(root, 15)       # float32 [N, 15, D], bool [N, 15]: no images decoded
     train_eps, heldout_eps = split_episodes(root, heldout=0.2, seed=0)
-    stats = vla.stats.frame_stats(root, ["action"], episodes=train_eps)   # exact quantiles, from the frames
-    ds = vla.dataset.ActionChunkDataset(info, 15, episodes=train_eps)   # torch Dataset of samples
+    stats = vla.data.stats.frame_stats(root, ["action"], episodes=train_eps)   # exact quantiles, from the frames
+    ds = vla.data.torch_dataset.ActionChunkDataset(info, 15, episodes=train_eps)   # torch Dataset of samples
 
 The sample contract (one frame, unbatched; a DataLoader adds the batch dimension):
 
@@ -22,10 +22,10 @@ The sample contract (one frame, unbatched; a DataLoader adds the batch dimension
 Past an episode's end, LeRobot (``delta_timestamps``) repeats the episode's last action and flags it in
 ``action_is_pad``; ``action_chunks`` does exactly the same, so both paths give identical chunks.
 Every function takes a dataset folder or the ``DatasetInfo`` read from it (``meta/`` read once). This module
-reads parquet with pyarrow; ``vla.dataset`` serves samples (through LeRobot, or decoded once into memory).
+reads parquet with pyarrow; ``vla.data.torch_dataset`` serves samples (through LeRobot, or decoded once into memory).
 
 Cameras are stored as LeRobot stores them: ``"video"`` features (one MP4 per camera per file of episodes, LeRobot's
-default, AV1) or ``"image"`` features (PNG frames inside the parquet rows: exact pixels); ``vla.videos.check_videos``
+default, AV1) or ``"image"`` features (PNG frames inside the parquet rows: exact pixels); ``vla.data.videos.check_videos``
 finds the video files a dataset's episode table names but the folder lacks.
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
-from vla import meta
+from vla.data import meta
 from vla.io import read_json
 from vla.names import suggestion
 
@@ -65,7 +65,7 @@ class DatasetInfo:
     camera_keys: list[str]  # "observation.images.*" features stored as images or videos
     action_dim: int
     state_dim: int | None  # None when the dataset has no observation.state
-    action_names: list[str] | None  # one per action dim (any layout in meta/info.json read flat: vla.meta.flat_names)
+    action_names: list[str] | None  # one per action dim (any layout in meta/info.json read flat: vla.data.meta.flat_names)
     tasks: list[str]  # by task_index
     robot_type: str | None = None
     recording: dict | None = field(default=None, repr=False)  # meta/recording.json from vla.sim.record
@@ -127,7 +127,7 @@ def as_info(source: str | Path | DatasetInfo) -> DatasetInfo:
 
 
 def dataset_info(root: str | Path) -> DatasetInfo:
-    """Read ``meta/info.json``, the episode table and the tasks (``vla.meta``: every field checked where it is read);
+    """Read ``meta/info.json``, the episode table and the tasks (``vla.data.meta``: every field checked where it is read);
     check the dataset is usable.
 
     Raises ValueError for a missing folder, a folder that is not a LeRobot v3.0 dataset, a bad field of
@@ -186,8 +186,6 @@ def damaged_files(root: str | Path | DatasetInfo) -> dict[Path, str]:
     """Every data file that is not a readable parquet file (its footer is read), with the episodes it holds by the
     episode table (``"episodes 0-54"``; ``"episodes unknown"`` when the table does not say) and why: empty when every
     file reads. A file the episode table names but the folder lacks is listed too."""
-    from vla.videos import _ranges
-
     info = as_info(root)
     held: dict[Path, list[int]] = {}
     if info.data_files is not None:
@@ -198,7 +196,7 @@ def damaged_files(root: str | Path | DatasetInfo) -> dict[Path, str]:
         why = "missing" if not path.is_file() else meta.damaged_parquet(path)
         if why is not None:
             episodes = held.get(path)
-            out[path] = f"episodes {_ranges(episodes)}" if episodes else "episodes unknown"
+            out[path] = f"episodes {episode_ranges(episodes)}" if episodes else "episodes unknown"
             out[path] += f" ({why})"
     return out
 
@@ -422,3 +420,14 @@ def _fixed_size_column(column, dim: int, name: str) -> np.ndarray:
     if len(values) != len(column) * dim:
         raise ValueError(f"'{name}' rows do not all have {dim} values as meta/info.json says")
     return values.to_numpy(zero_copy_only=False).reshape(len(column), dim)
+
+
+def episode_ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, ids = [], sorted(ids)
+    for i in ids:
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)

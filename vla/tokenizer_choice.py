@@ -1,0 +1,64 @@
+"""The action-tokenizer choice, one type wherever a tokenizer is named: ``TokenizerConfig``, a draccus choice with
+one registered subclass per entry of ``action_tokenizers``' registry, each carrying that tokenizer's fit options
+(``--tokenizer.type=bin --tokenizer.n_bins=64`` on the command line, ``tokenizer: {type: bin, n_bins: 64}`` in a
+config), and ``tokenizer_config(name, **options)`` to build one in code. ``build(chunks)`` loads
+``pretrained_path`` or fits on normalised chunks."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import draccus
+import numpy as np
+
+import action_tokenizers as at
+
+
+@dataclass
+class TokenizerConfig(draccus.ChoiceRegistry):
+    # Load a tokenizer saved with save_pretrained (or `vla tokenizer fit`) instead of fitting one; its type must match.
+    pretrained_path: str | None = None
+
+    @property
+    def type(self) -> str:
+        return self.get_choice_name(type(self))
+
+    def options(self) -> dict[str, Any]:
+        """The fit options: every field but ``pretrained_path``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pretrained_path"}
+
+    def build(self, chunks: np.ndarray) -> at.ActionTokenizer:
+        """Load ``pretrained_path``, or fit on normalised training chunks ``[N, T, D]``."""
+        if self.pretrained_path:
+            tok = at.load_tokenizer(self.pretrained_path)
+            if tok.name != self.type:
+                raise ValueError(f"{self.pretrained_path} holds a {tok.name!r} tokenizer, the config asks for {self.type!r}")
+            return tok
+        return at.get_tokenizer_class(self.type).fit(chunks, **self.options())
+
+
+def _choice_for(name: str, cls: type[at.ActionTokenizer]) -> type[TokenizerConfig]:
+    """A ``TokenizerConfig`` subclass with the fields of ``cls.Options``, registered as ``name``."""
+    hints = typing.get_type_hints(cls.Options)
+    fields = []
+    for f in dataclasses.fields(cls.Options):
+        default = {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory}
+        fields.append((f.name, hints[f.name], field(metadata=f.metadata, **default)))
+    config_cls = dataclasses.make_dataclass(f"{cls.__name__.removesuffix('Tokenizer')}Config", fields, bases=(TokenizerConfig,))
+    config_cls.__module__ = __name__
+    config_cls.__doc__ = f"Options of ``{cls.__name__}.fit`` (``--tokenizer.type={name}``)."
+    return TokenizerConfig.register_subclass(name)(config_cls)
+
+
+TOKENIZER_CONFIGS: dict[str, type[TokenizerConfig]] = {name: _choice_for(name, cls) for name, cls in at.TOKENIZERS.items()}
+
+
+DEFAULT_TOKENIZER = "fast"
+
+
+def tokenizer_config(name: str, **options: Any) -> TokenizerConfig:
+    """The tokenizer choice ``name`` with ``options`` set, e.g. ``tokenizer_config("bin", n_bins=64)``."""
+    return TOKENIZER_CONFIGS[at.get_tokenizer_class(name).name](**options)
