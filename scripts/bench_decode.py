@@ -44,7 +44,8 @@ import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 from vla.model.decode import VocabConstraint, fixed_chunk_length, generate
 from vla.model.prefix_lm import build_model
-from vla.model.sequence import SequenceLayout, VocabMap
+from vla.model.sequence import SequenceLayout
+from vla.model.vocab import VocabMap
 
 TASK = "push the puck to the goal"
 

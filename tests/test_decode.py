@@ -10,7 +10,8 @@ import torch
 from tests.conftest import D, T, fitted_tokenizers
 from vla.model.decode import LeanSteps, VocabConstraint, generate, sample
 from vla.model.prefix_lm import build_model
-from vla.model.sequence import SequenceLayout, VocabMap, prefix_lm_mask
+from vla.model.sequence import SequenceLayout, prefix_lm_mask
+from vla.model.vocab import VocabMap
 
 TOKENIZERS = ["fast", "fast_byte_level", "bin", "fsq"]
 

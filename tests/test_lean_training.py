@@ -18,7 +18,8 @@ from tests.conftest import D, T, fitted_tokenizers
 from vla.model.decode import fixed_chunk_length
 from vla.model.prefix_lm import build_model
 from vla.policy.pipeline import TokenizeActions
-from vla.model.sequence import SequenceLayout, VocabMap
+from vla.model.sequence import SequenceLayout
+from vla.model.vocab import VocabMap
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

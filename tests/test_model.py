@@ -9,7 +9,8 @@ import torch
 from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
 from vla.model.prefix_lm import PRESETS, build_model, get_preset
-from vla.model.sequence import SequenceLayout, VocabMap
+from vla.model.sequence import SequenceLayout
+from vla.model.vocab import VocabMap
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

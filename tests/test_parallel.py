@@ -17,7 +17,8 @@ from tests.test_policy import make_batch, make_policy, normalizers
 from vla.model.decode import fixed_chunk_length, generate
 from vla.policy.pipeline import SEQUENCE, run
 from vla.policy import VLAConfig, VLAPolicy
-from vla.model.sequence import SequenceLayout, VocabMap
+from vla.model.sequence import SequenceLayout
+from vla.model.vocab import VocabMap
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -349,7 +349,7 @@ def test_a_local_paligemma_checkpoint_loads_offline(tmp_path):
     from transformers import PaliGemmaForConditionalGeneration
 
     from vla.model.prefix_lm import PRESETS, paligemma_config
-    from vla.model.sequence import VocabMap
+    from vla.model.vocab import VocabMap
     from vla.model.text import LocalTextTokenizer
 
     tok = fitted_tokenizers()["fast"]

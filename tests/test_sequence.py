@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
-from vla.model.sequence import SequenceLayout, VocabMap, prefix_lm_mask
+from vla.model.sequence import SequenceLayout, prefix_lm_mask
+from vla.model.vocab import VocabMap
 from vla.model.text import ByteTextTokenizer, LocalTextTokenizer, clean_task, prompt_words
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -19,7 +19,7 @@ from vla.model.lean import LeanSteps
 from vla.model.prefix_lm import build_model, get_preset
 from vla.policy.pipeline import IMAGES, SEQUENCE, run
 from vla.policy import VLAConfig, VLAPolicy
-from vla.model.sequence import VocabMap
+from vla.model.vocab import VocabMap
 from vla.model.vision import ConvEncoder, KeypointEncoder, spatial_softmax
 
 S = 5  # state dimension

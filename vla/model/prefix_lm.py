@@ -29,7 +29,8 @@ from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
 from vla.model.lean import LeanSteps, suffix_hidden
 from vla.names import check_name
-from vla.model.sequence import Sequence, VocabMap
+from vla.model.sequence import Sequence
+from vla.model.vocab import VocabMap
 from vla.model.vision import STRIDES, VISION_ENCODERS, build_tower
 
 

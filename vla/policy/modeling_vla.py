@@ -42,7 +42,8 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from safetensors.torch import load_model, save_model
 
 import action_tokenizers as at
-from vla.model.decode import VocabConstraint, fixed_chunk_length, generate
+from vla.model.decode import generate
+from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
 from vla.execution import StateHistory, executor
 from vla.io import atomic_directory, read_json, write_json
 from vla.model.prefix_lm import build_model
@@ -50,7 +51,8 @@ from vla.policy.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeli
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.saved_config import check_dataset_fits, check_same_policy, load_policy_config
 from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
-from vla.model.sequence import PALIGEMMA_TEXT_VOCAB, SequenceLayout, VocabMap
+from vla.model.sequence import SequenceLayout
+from vla.model.vocab import PALIGEMMA_TEXT_VOCAB, VocabMap
 from vla.model.text import TEXT_TOKENIZER_DIR, LocalTextTokenizer
 
 logger = logging.getLogger(__name__)
