@@ -216,7 +216,8 @@ def fsq_large_fit(shape: tuple[int, int], n: int = 8000) -> dict:
 def load_data(args) -> tuple[np.ndarray, np.ndarray, str]:
     if args.root is None:
         return smooth_chunks(args.n, 10, 7, seed=0), smooth_chunks(args.n, 10, 7, seed=1), "synthetic smooth [10, 7]"
-    from vla.data.reader import action_chunks, split_episodes
+    from vla.data.reader import split_episodes
+    from vla.data.columns import action_chunks
     from vla.data.stats import frame_stats
 
     train_eps, held_eps = split_episodes(args.root, heldout=0.2, seed=0)

@@ -74,7 +74,8 @@ def rate(fn, indices: list, seconds: float) -> tuple[float, int]:
 
 def tiny_policy(root: Path, camera: str, size: int):
     import action_tokenizers as at
-    from vla.data.reader import action_chunks, chunk_states, dataset_info
+    from vla.data.reader import dataset_info
+    from vla.data.columns import action_chunks, chunk_states
     from vla.policy import VLAConfig, VLAPolicy
 
     info = dataset_info(root)

@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from lerobot.utils.constants import OBS_STATE  # noqa: E402
 
-from vla.data import reader  # noqa: E402
+from vla.data import columns, reader  # noqa: E402
 from vla.io import atomic_write_text  # noqa: E402
 from vla.regression import RegressionConfig, RegressionPolicy, hidden_for, train_regression  # noqa: E402
 from vla.sim import EVAL_SEED_START, make_env  # noqa: E402
@@ -102,7 +102,7 @@ def rollouts(batch_policy, episodes: int, n_action_steps: int) -> list[dict[str,
 def demonstrations(root: Path) -> list[dict[str, Any]]:
     """The recorded episodes: positions and side, read back from the dataset's states."""
     info = reader.dataset_info(root)
-    states = reader.chunk_states(info)  # [N, S], every frame in dataset order
+    states = columns.chunk_states(info)  # [N, S], every frame in dataset order
     bounds = np.cumsum([0, *info.episode_lengths.tolist()])
     out = []
     for start, end in zip(bounds[:-1], bounds[1:]):

@@ -31,7 +31,8 @@ import numpy as np  # noqa: E402
 import action_tokenizers as at  # noqa: E402
 from action_tokenizers import reference  # noqa: E402
 from action_tokenizers.coefficients import flatten, ints_to_strings  # noqa: E402
-from vla.data.reader import action_chunks, dataset_info, split_episodes  # noqa: E402
+from vla.data.reader import dataset_info, split_episodes  # noqa: E402
+from vla.data.columns import action_chunks
 from vla.data.stats import frame_stats  # noqa: E402
 
 SCALES = [2.0, 3.0, 5.0, 7.0, 10.0, 14.0, 20.0, 28.0, 40.0]

@@ -11,7 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from vla.data.reader import action_chunks, as_info, dataset_info, split_episodes
+from vla.data.reader import as_info, dataset_info, split_episodes
+
+from vla.data.columns import action_chunks
 from vla.data.stats import frame_stats, load_stats
 from vla.data.torch_dataset import ActionChunkDataset, open_dataset
 

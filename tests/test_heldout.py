@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vla import train
-from vla.data import reader
+from vla.data import columns, reader
 from vla.config import TrainConfig, resolve_action_state
 from vla.tokenizer_choice import tokenizer_config
 from vla.heldout import Heldout
@@ -128,8 +128,8 @@ def test_relative_training_predicts_absolute_chunks_and_reports(arm_root, tmp_pa
     # the normaliser was fitted on what the model predicts: the training chunks relative to their first state
     train_eps = json.loads((tmp_path / "heldout.json").read_text())["train_episodes"]
     info = reader.dataset_info(arm_root)
-    chunks, _ = reader.action_chunks(info, T, episodes=train_eps)
-    states = reader.chunk_states(info, episodes=train_eps)
+    chunks, _ = columns.action_chunks(info, T, episodes=train_eps)
+    states = columns.chunk_states(info, episodes=train_eps)
     rel = chunks - states[:, None, [2, 0, 3]] * np.array([1.0, 1.0, 0.0])
     flat = rel.reshape(-1, 3).astype(np.float64)
     lo, hi = np.quantile(flat, 0.01, axis=0), np.quantile(flat, 0.99, axis=0)

@@ -11,7 +11,7 @@ import torch
 from lerobot.utils.constants import OBS_STATE
 
 from vla import train
-from vla.data import reader
+from vla.data import columns, reader
 from vla.config import TrainConfig
 from vla.tokenizer_choice import tokenizer_config
 from vla.data.torch_dataset import ActionChunkDataset
@@ -121,7 +121,7 @@ def test_the_prefix_reads_the_current_state_and_its_scaled_changes(history_polic
     assert scale.shape == (policy.config.state_dim,) and (scale > 0).all()
     # vla train's fit (on the training episodes): one frame's normalised change, times the scale, has its 99th
     # percentile at 1 per moving dim (all episodes here: close to 1)
-    changes = reader.state_changes(tiny_dataset_root) / policy.state_normalizer.scale * scale
+    changes = columns.state_changes(tiny_dataset_root) / policy.state_normalizer.scale * scale
     q99 = np.quantile(np.abs(changes), 0.99, axis=0)
     assert (q99 > 0).sum() > 10 and (np.abs(q99[q99 > 0] - 1) < 0.25).all(), q99
     from vla.policy.pipeline import EncodeHistory

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import action_tokenizers as at
-from vla.data.reader import action_chunks, dataset_info
+from vla.data.reader import dataset_info
+from vla.data.columns import action_chunks
 from vla.policy import VLAConfig, VLAPolicy
 from vla.data.stats import frame_stats
 

@@ -13,7 +13,8 @@ import torch
 import action_tokenizers as at
 from vla import train
 from vla.config import load_config
-from vla.data.reader import action_chunks, chunk_states, dataset_info
+from vla.data.reader import dataset_info
+from vla.data.columns import action_chunks, chunk_states
 from vla.data.torch_dataset import ActionChunkDataset
 from vla.policy.pipeline import IMAGES, SEQUENCE, Collate
 from vla.policy import VLAConfig, VLAPolicy

@@ -93,11 +93,11 @@ def test_bad_actions_and_cameras_are_refused():
 
 
 def test_recording_holds_both_modes(toy_root):
-    from vla.data import reader
+    from vla.data import columns, reader
 
     info = reader.dataset_info(toy_root)
     assert (info.state_dim, info.action_dim, info.fps) == (2, 2, toy_env.FPS)
-    states = reader.chunk_states(info)
+    states = columns.chunk_states(info)
     bounds = np.cumsum([0, *info.episode_lengths.tolist()])
     recorded = [toy_env.side_of(states[s:e, :2]) for s, e in zip(bounds[:-1], bounds[1:])]
     expected = [expert_episode(seed)[2] for seed in range(6)]  # seeds 0..5, all successes

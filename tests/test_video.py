@@ -14,7 +14,8 @@ import torch
 
 from vla.cli import main
 from vla.compare import load_split
-from vla.data.reader import action_chunks, dataset_info
+from vla.data.reader import dataset_info
+from vla.data.columns import action_chunks
 from vla.data.videos import check_videos, video_index
 from vla.data.torch_dataset import MEMORY_BUDGET, ActionChunkDataset, choose_backend, frame_bytes, open_dataset
 from vla.io import read_json

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 import action_tokenizers as at
 from lerobot.utils.constants import ACTION
 
-from vla.data import reader
+from vla.data import columns, reader
 from vla.policy.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
 from vla.io import atomic_write_text
 from vla.names import check_name
@@ -112,8 +112,8 @@ def load_split(root: Path, time_horizon: int | None, heldout: float, seed: int, 
     train_eps, held_eps = reader.split_episodes(info, heldout=heldout, seed=seed)
     if not held_eps:
         raise ValueError("the held-out share is 0; pass --episodes-heldout between 0 and 1 (e.g. 0.2)")
-    train_raw, _ = reader.action_chunks(info, time_horizon, episodes=train_eps)
-    held_raw, _ = reader.action_chunks(info, time_horizon, episodes=held_eps)
+    train_raw, _ = columns.action_chunks(info, time_horizon, episodes=train_eps)
+    held_raw, _ = columns.action_chunks(info, time_horizon, episodes=held_eps)
     normalizer = at.Normalizer.fit(train_raw[:, 0, :], "quantile")  # every training frame's action once
     normalize = Normalize(None, normalizer)  # the policy pipeline's own step
     return Split(

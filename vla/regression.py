@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import action_tokenizers as at
-from vla.data import reader
+from vla.data import columns, reader
 from vla.io import atomic_directory, read_json, write_json
 from vla.data.stats import frame_stats
 
@@ -153,8 +153,8 @@ def train_regression(
         raise ValueError(f"{root} holds S={info.state_dim}, D={info.action_dim}; the config says "
                          f"S={config.state_dim}, D={config.action_dim}")  # fmt: skip
     stats = frame_stats(info, [ACTION, OBS_STATE])  # exact quantiles, as vla train's normalisers
-    chunks, is_pad = reader.action_chunks(info, config.time_horizon)  # [N, T, D], [N, T]
-    states = reader.chunk_states(info)  # [N, S]
+    chunks, is_pad = columns.action_chunks(info, config.time_horizon)  # [N, T, D], [N, T]
+    states = columns.chunk_states(info)  # [N, S]
     torch.manual_seed(seed)
     policy = RegressionPolicy(config, at.Normalizer.from_stats(stats[ACTION]), at.Normalizer.from_stats(stats[OBS_STATE]))
     recipe = VLAConfig(scheduler_decay_steps=steps)

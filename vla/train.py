@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 import action_tokenizers as at
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla.data import reader
+from vla.data import columns, reader
 from vla.checkpoints import (
     CHECKPOINTS,
     CONFIG,
@@ -124,16 +124,16 @@ def build_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: lis
     ), info)  # fmt: skip
     # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see vla.data.stats.load_stats).
     stats = frame_stats(info, ["action"] if stateless else ["action", OBS_STATE], episodes=train_episodes)
-    chunks, _ = reader.action_chunks(info, horizon, episodes=train_episodes)
+    chunks, _ = columns.action_chunks(info, horizon, episodes=train_episodes)
     mask = config.relative_mask()
     if mask is not None:
-        states = reader.chunk_states(info, episodes=train_episodes)
+        states = columns.chunk_states(info, episodes=train_episodes)
         chunks = RelativeActions(mask, tuple(config.action_state_dims))({ACTION: chunks, OBS_STATE: states})[ACTION]
         stats["action"] = array_stats(chunks.reshape(-1, chunks.shape[-1]))
     action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
     state_norm = None if stateless else at.Normalizer.from_stats(stats[OBS_STATE], "quantile")
     if config.n_obs_steps > 1 and state_norm is not None and config.state_delta_scale is None:
-        config.state_delta_scale = delta_scale(reader.state_changes(info, episodes=train_episodes) / state_norm.scale)
+        config.state_delta_scale = delta_scale(columns.state_changes(info, episodes=train_episodes) / state_norm.scale)
     pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None
     if pretrained is not None and (pretrained / NORMALIZER_FILE).is_file():  # `vla tokenizer fit`: its own normaliser
         if mask is not None:
@@ -152,10 +152,10 @@ def finetune_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: 
     how much of the new data falls outside the normalised range the tokenizer was fitted on."""
     path = Path(cfg.policy.pretrained_path)
     policy = VLAPolicy.from_pretrained(path, config=cfg.policy)
-    chunks, _ = reader.action_chunks(info, policy.config.time_horizon, episodes=train_episodes)
+    chunks, _ = columns.action_chunks(info, policy.config.time_horizon, episodes=train_episodes)
     mask = policy.config.relative_mask()
     if mask is not None:  # the policy predicts actions relative to the state: what its normaliser saw
-        states = reader.chunk_states(info, episodes=train_episodes)
+        states = columns.chunk_states(info, episodes=train_episodes)
         relative = RelativeActions(mask, tuple(policy.config.action_state_dims))
         chunks = relative({ACTION: chunks, OBS_STATE: states})[ACTION]
     outside = float(np.mean(np.abs(policy.action_normalizer.normalize(chunks)) > 1))
@@ -182,7 +182,7 @@ def check_finetuning(cfg: TrainConfig, info: reader.DatasetInfo) -> None:
 
 def task_weights(dataset: ActionChunkDataset) -> np.ndarray:
     """[N] sampling weights that draw every task equally often: a sample weighs 1 / its task's samples."""
-    tasks = reader.frame_tasks(dataset.info, episodes=dataset.episodes)
+    tasks = columns.frame_tasks(dataset.info, episodes=dataset.episodes)
     if len(tasks) != len(dataset):
         raise RuntimeError(f"{len(tasks)} frames' tasks for {len(dataset)} samples; the dataset's files disagree")
     return 1.0 / np.bincount(tasks)[tasks]

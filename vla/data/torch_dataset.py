@@ -30,10 +30,10 @@ from vla.data.reader import (
     _check_episodes,
     _check_image_keys,
     _check_time_horizon,
-    _chunks_at,
     _read_frames,
     as_info,
 )
+from vla.data.columns import _chunks_at
 from vla.data.videos import check_videos, video_index, video_keys
 
 BACKENDS = ("lerobot", "memory", "auto")

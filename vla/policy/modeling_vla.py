@@ -434,14 +434,14 @@ def _tokenizer_from_config(
             "written by tok.save_pretrained (e.g. --policy.action_tokenizer_path=outputs/tok); LeRobot's trainer "
             "fits one on its dataset when no path is given"
         )
-    from vla.data import reader
+    from vla.data import columns, reader
     from vla.tokenizer_choice import tokenizer_config
     from vla.model.text import prompt_words
 
     info = reader.dataset_info(root)
     if not config.text_words and config.backbone_path is None:
         config.text_words = prompt_words(info.tasks)
-    chunks, _ = reader.action_chunks(info, config.time_horizon)  # every episode: LeRobot's trainer trains on them all
+    chunks, _ = columns.action_chunks(info, config.time_horizon)  # every episode: LeRobot's trainer trains on them all
     logger.info("fitting a %s action tokenizer on %d chunks of %s (no action_tokenizer_path given)",
                 config.action_tokenizer_type, len(chunks), root)  # fmt: skip
     return tokenizer_config(config.action_tokenizer_type).build(action_normalizer.normalize(chunks))
