@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     args.decode_presets = [d for d in args.decode_presets.split(",") if d]
-    from vla.model.prefix_lm import PRESETS
+    from vla.model.presets import PRESETS
 
     unknown = [d for d in args.decode_presets if d not in PRESETS]
     if unknown:

@@ -88,8 +88,8 @@ def test_default_horizon_is_capped_at_the_shortest_episode(tiny_dataset_root):
 
 def test_tokenizer_fit_saves_tokenizer_normaliser_and_report_and_train_uses_them(tiny_dataset_root, tmp_path, capsys):
     import action_tokenizers as at
-    from vla import train
     from vla.cli import main
+    from vla.policy.factory import build_policy
     from vla.config import TrainConfig
     from vla.tokenizer_choice import tokenizer_config
     from vla.data.reader import dataset_info
@@ -110,7 +110,7 @@ def test_tokenizer_fit_saves_tokenizer_normaliser_and_report_and_train_uses_them
                       tokenizer=tokenizer_config("bin", pretrained_path=str(out)), progress=False,
                       policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"))  # fmt: skip
     info = dataset_info(tiny_dataset_root)
-    policy = train.build_policy(cfg, info, info.episode_index.tolist())
+    policy = build_policy(cfg, info, info.episode_index.tolist())
     assert policy.action_tokenizer.vocab_size == 64
     np.testing.assert_allclose(policy.action_normalizer.offset, at.Normalizer.load(out / "action_normalizer.json").offset)
 

@@ -138,11 +138,12 @@ def test_two_processes_train_like_one(tiny_dataset_root, tmp_path):
 
 def weights_at_init(cfg) -> dict[str, np.ndarray]:
     """The policy's initial weights (the seed fixes them): what training moves away from."""
-    from vla import train
+    from vla.data import reader
+    from vla.policy.factory import build_policy
 
-    info = train.reader.dataset_info(cfg.dataset_root)
-    train_eps, _ = train.reader.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
-    policy = train.build_policy(cfg, info, train_eps)
+    info = reader.dataset_info(cfg.dataset_root)
+    train_eps, _ = reader.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
+    policy = build_policy(cfg, info, train_eps)
     return {k: v.detach().numpy() for k, v in policy.state_dict().items()}
 
 

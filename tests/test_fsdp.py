@@ -61,7 +61,7 @@ def test_wrap_classes_are_the_3b_policys_layers(gemma_like_dir):
 
     import action_tokenizers as at
     from vla.config import load_config
-    from vla.model.prefix_lm import get_preset
+    from vla.model.presets import get_preset
     from vla.policy import VLAPolicy
 
     plugin, _ = fsdp_plugin()

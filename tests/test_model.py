@@ -8,7 +8,8 @@ import torch
 
 from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
-from vla.model.prefix_lm import PRESETS, build_model, get_preset
+from vla.model.prefix_lm import build_model
+from vla.model.presets import PRESETS, get_preset
 from vla.model.sequence import SequenceLayout
 from vla.model.vocab import VocabMap
 

@@ -348,7 +348,7 @@ def test_a_local_paligemma_checkpoint_loads_offline(tmp_path):
     """The real-checkpoint path on a stand-in: PaliGemma's vocabulary layout, HF's checkpoint format, no network."""
     from transformers import PaliGemmaForConditionalGeneration
 
-    from vla.model.prefix_lm import PRESETS, paligemma_config
+    from vla.model.presets import PRESETS, paligemma_config
     from vla.model.vocab import VocabMap
     from vla.model.text import LocalTextTokenizer
 

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from vla import train
+from vla.policy.factory import build_policy
 from vla.config import TrainConfig, load_config
 from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
@@ -108,7 +109,7 @@ def test_normalisers_come_from_the_training_frames(tiny_dataset_root, tmp_path):
 
     info = reader.dataset_info(tiny_dataset_root)
     train_eps = [0, 1, 2]
-    policy = train.build_policy(config(tiny_dataset_root, tmp_path, steps=1), info, train_eps)
+    policy = build_policy(config(tiny_dataset_root, tmp_path, steps=1), info, train_eps)
     exact = frame_stats(tiny_dataset_root, ["observation.state", "action"], episodes=train_eps)
     for normalizer, key in ((policy.state_normalizer, "observation.state"), (policy.action_normalizer, "action")):
         lo, hi = exact[key]["q01"], exact[key]["q99"]

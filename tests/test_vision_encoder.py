@@ -16,7 +16,8 @@ from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
 from vla.model.decode import generate
 from vla.model.lean import LeanSteps
-from vla.model.prefix_lm import build_model, get_preset
+from vla.model.prefix_lm import build_model
+from vla.model.presets import get_preset
 from vla.policy.pipeline import IMAGES, SEQUENCE, run
 from vla.policy import VLAConfig, VLAPolicy
 from vla.model.vocab import VocabMap

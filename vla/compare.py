@@ -13,7 +13,6 @@ sequences decode. ``--sweep`` adds rate-distortion curves. Writes ``compare.json
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from lerobot.utils.constants import ACTION
 
 from vla.data import columns, reader
 from vla.policy.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
-from vla.io import atomic_write_text
+from vla.compare_report import markdown_table, write_outputs
 from vla.names import check_name
 from vla.provenance import provenance
 
@@ -293,82 +292,6 @@ def compare(
     write_outputs(results, out_dir)
     log(markdown_table(results))
     return results
-
-
-# --- outputs -----------------------------------------------------------------------------------------------
-def fit_cell(r: dict[str, Any]) -> str:
-    """Fit time, with the steps run and why they stopped where the tokenizer reports them (FSQ)."""
-    report = r.get("fit_report") or {}
-    if "steps" in report:
-        return f"{r['fit_seconds']:.1f} ({report['steps']} steps, {report['stopped']})"
-    return f"{r.get('fit_seconds', float('nan')):.1f}"
-
-
-def markdown_table(results: dict[str, Any]) -> str:
-    head = (
-        f"T={results['time_horizon']}, D={results['action_dim']}, {results['n_heldout_chunks']} held-out chunks "
-        f"(error in normalised units; tolerance {results['tolerance']})\n\n"
-        "| tokenizer | vocab | tokens/chunk (mean / p99 / max) | compression | RMSE | MAE | max abs | "
-        "share > tol | fit s | encode /s | decode /s | vocab used | valid random | valid corrupted | "
-        "valid constrained |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-    )
-    rows = []
-    for name, r in results["tokenizers"].items():
-        rows.append(
-            f"| {name} | {r['vocab_size']} | {r['tokens_per_chunk_mean']:.1f} / {r['tokens_per_chunk_p99']:.0f} / "
-            f"{r['tokens_per_chunk_max']} | {r['compression']:.2f}x | {r['rmse']:.4f} | {r['mae']:.4f} | "
-            f"{r['max_abs']:.3f} | {r['share_max_error_above_tol']:.3f} | {fit_cell(r)} | "
-            f"{r['encode_chunks_per_s']:,.0f} | "
-            f"{r['decode_chunks_per_s']:,.0f} | {r['vocab_used']:.2f} | {r['valid_rate_random']:.2f} | "
-            f"{r['valid_rate_corrupted']:.2f} | {r['valid_rate_constrained']:.2f} |"
-        )
-    return head + "\n".join(rows) + "\n"
-
-
-def write_outputs(results: dict[str, Any], out_dir: Path, name: str = "compare") -> None:
-    """``<name>.json``, ``<name>.md`` and the three plots into ``out_dir``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / f"{name}.json", json.dumps(results, indent=2) + "\n")
-    atomic_write_text(out_dir / f"{name}.md", markdown_table(results))
-    toks = results["tokenizers"]
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, r in toks.items():
-        ax.scatter(r["tokens_per_chunk_mean"], r["rmse"], label=name, zorder=3)
-    for name, points in results.get("sweep", {}).items():
-        ax.plot([p["tokens_per_chunk_mean"] for p in points], [p["rmse"] for p in points], "-o", ms=3, label=f"{name} sweep")
-    ax.set(xlabel="tokens per chunk (mean)", ylabel="RMSE (normalised)", xscale="log", yscale="log",
-           title="rate-distortion on held-out chunks")  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "rate_distortion.png", dpi=120)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    width = 0.8 / max(len(toks), 1)
-    for k, (name, r) in enumerate(toks.items()):
-        per_dim = r["rmse_per_dim"]
-        ax.bar(np.arange(len(per_dim)) + k * width, per_dim, width, label=name)
-    ax.set(xlabel="action dimension", ylabel="RMSE (normalised)", title="error per dimension")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "per_dim_error.png", dpi=120)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, r in toks.items():
-        counts = np.asarray(r["token_lengths"], dtype=float)
-        ax.step(np.arange(len(counts)), counts / counts.sum(), where="mid", label=name)
-    ax.set(xlabel="tokens per chunk", ylabel="share of chunks", title="token-length histogram")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "token_lengths.png", dpi=120)
-    plt.close("all")
 
 
 # --- CLI ---------------------------------------------------------------------------------------------------

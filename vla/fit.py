@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import action_tokenizers as at
-from vla.compare import load_split, measure, parse_entry, sweep, write_outputs
+from vla.tokenizer_choice import NORMALIZER_FILE
+from vla.compare import load_split, measure, parse_entry, sweep
+from vla.compare_report import write_outputs
 from vla.io import atomic_directory
 from vla.provenance import provenance
 
-NORMALIZER_FILE = "action_normalizer.json"  # beside the tokenizer's own files
 
 
 def fit_tokenizer(

@@ -57,6 +57,7 @@ TOKENIZER_CONFIGS: dict[str, type[TokenizerConfig]] = {name: _choice_for(name, c
 
 
 DEFAULT_TOKENIZER = "fast"
+NORMALIZER_FILE = "action_normalizer.json"  # a fitted tokenizer folder's normaliser, beside its own files (`vla tokenizer fit`)
 
 
 def tokenizer_config(name: str, **options: Any) -> TokenizerConfig:

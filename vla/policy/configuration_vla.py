@@ -19,7 +19,7 @@ from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 import action_tokenizers as at
 from action_tokenizers.normalize import NORM_MODES
 from vla.data.reader import IMAGE_PREFIX
-from vla.model.prefix_lm import PRESETS
+from vla.model.presets import PRESETS
 from vla.names import suggestion
 from vla.model.sequence import ATTENTIONS, DECODINGS, STATE_ENCODINGS
 from vla.model.vision import VISION_ENCODERS
@@ -37,7 +37,7 @@ class VLAConfig(PreTrainedConfig):
     push_to_hub: bool = False  # LeRobot's default is True; this project never reaches the network
 
     # --- backbone -----------------------------------------------------------------------------------------
-    preset: str = "tiny"  # backbone size (vla.model.prefix_lm.PRESETS): "tiny" (CPU), "small", "paligemma-3b"
+    preset: str = "tiny"  # backbone size (vla.model.presets.PRESETS): "tiny" (CPU), "small", "paligemma-3b"
     backbone_path: str | None = None  # local PaliGemma checkpoint folder (weights + tokenizer.json), for "paligemma-3b"
     attn_implementation: str = "sdpa"  # transformers attention kernel: "sdpa" or "eager"
     dtype: str = "float32"  # weights: "float32" or "bfloat16" (GPU)

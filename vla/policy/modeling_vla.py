@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,8 @@ from safetensors.torch import load_model, save_model
 
 import action_tokenizers as at
 from vla.model.decode import generate
+from vla.policy.decode_info import DecodeInfo, DecodeStats
+from vla.policy.fitting import policy_tokenizer
 from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
 from vla.execution import StateHistory, executor
 from vla.io import atomic_directory, read_json, write_json
@@ -65,38 +66,6 @@ STATE_NORMALIZER_FILE = "state_normalizer.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MANIFEST_FILE = "vla_policy.json"  # {"format_version": ...}: checked on every load
 FORMAT_VERSION = 1
-@dataclass
-class DecodeStats:
-    """Running counts over every predicted chunk: nothing falls back silently."""
-
-    chunks: int = 0
-    invalid: int = 0  # chunks that did not decode (only possible with constrained=False)
-    fallback_previous: int = 0  # ... replaced by the previously executed action, repeated
-    fallback_zero: int = 0  # ... replaced by the normalised zero action (no previous action known)
-    tokens: int = 0  # action ids generated for valid chunks
-
-    @property
-    def valid_rate(self) -> float:
-        return 1.0 - self.invalid / self.chunks if self.chunks else 1.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {**asdict(self), "valid_rate": self.valid_rate}
-
-
-@dataclass
-class DecodeInfo:
-    """About the last ``predict_action_chunk`` call, per chunk. Readable as attributes or keys (``info["valid"]``)."""
-
-    valid: np.ndarray  # bool [B]
-    tokens_per_chunk: np.ndarray  # int [B], action ids generated
-    errors: list[str | None]
-    latency_ms: float  # prompt building + decoding + detokenising, whole batch
-    steps: int  # decoding steps (forward passes after the prefill)
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self.__dataclass_fields__:
-            raise KeyError(f"{key!r}; DecodeInfo holds {', '.join(self.__dataclass_fields__)}")
-        return getattr(self, key)
 
 
 class VLAPolicy(PreTrainedPolicy):
@@ -130,7 +99,7 @@ class VLAPolicy(PreTrainedPolicy):
         elif state_normalizer is None:
             state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
         if action_tokenizer is None:
-            action_tokenizer = _tokenizer_from_config(config, getattr(dataset_meta, "root", None), action_normalizer)
+            action_tokenizer = policy_tokenizer(config, getattr(dataset_meta, "root", None), action_normalizer)
         self.action_tokenizer = action_tokenizer
         self.action_normalizer = action_normalizer
         self.state_normalizer = state_normalizer
@@ -416,32 +385,3 @@ class VLAPolicy(PreTrainedPolicy):
         policy.to(config.device)
         policy.eval()
         return policy
-
-
-# --- a saved folder's config -----------------------------------------------------------------------------------
-def _tokenizer_from_config(
-    config: VLAConfig, root: Path | None, action_normalizer: at.Normalizer
-) -> at.ActionTokenizer:
-    """The tokenizer at ``config.action_tokenizer_path``; else, when LeRobot's trainer passes the dataset (``root``),
-    one of ``config.action_tokenizer_type`` fitted on its episodes' normalised chunks as ``vla train`` fits it (vla's
-    default options), with the prompt's words from the dataset's tasks in the compact vocabulary, as ``vla train``
-    gives them (``config.text_words``, saved in config.json)."""
-    if config.action_tokenizer_path is not None:
-        return at.load_tokenizer(config.action_tokenizer_path)
-    if root is None:
-        raise ValueError(
-            "no action tokenizer: pass action_tokenizer=... or set VLAConfig.action_tokenizer_path to a folder "
-            "written by tok.save_pretrained (e.g. --policy.action_tokenizer_path=outputs/tok); LeRobot's trainer "
-            "fits one on its dataset when no path is given"
-        )
-    from vla.data import columns, reader
-    from vla.tokenizer_choice import tokenizer_config
-    from vla.model.text import prompt_words
-
-    info = reader.dataset_info(root)
-    if not config.text_words and config.backbone_path is None:
-        config.text_words = prompt_words(info.tasks)
-    chunks, _ = columns.action_chunks(info, config.time_horizon)  # every episode: LeRobot's trainer trains on them all
-    logger.info("fitting a %s action tokenizer on %d chunks of %s (no action_tokenizer_path given)",
-                config.action_tokenizer_type, len(chunks), root)  # fmt: skip
-    return tokenizer_config(config.action_tokenizer_type).build(action_normalizer.normalize(chunks))

@@ -19,7 +19,8 @@ The robot side needs only numpy, msgpack and websockets: the server's names (whi
 The protocol, the state history of an ``n_obs_steps`` policy, the limits and the faults: ``docs/serving.md``.
 """
 
-from .client import ChunkExecutor, ExecutorStats, PolicyClient, Rate, ServerError, action_jerk
+from .client import PolicyClient, ServerError
+from .executor import ChunkExecutor, ExecutorStats, Rate, action_jerk
 from .codec import DecodeError, packb, unpackb
 
 _SERVER_NAMES = ("PolicyServer", "ServeConfig", "ServerHandle")

@@ -1,4 +1,4 @@
-"""The robot side: a client for the server (or any openpi policy server) and an action-chunk executor.
+"""The robot side's client for the server (or any openpi policy server); ``vla.serve.executor`` runs its chunks.
 
     client = PolicyClient("127.0.0.1", 8000, api_key=None)     # waits for the server; reconnects after restarts
     executor = ChunkExecutor(client, control_hz=80, k=None)     # k=None: chosen from the measured round trip
@@ -9,39 +9,19 @@
         robot.apply(executor.act(obs))                          # never blocks once the first chunk is in
         rate.sleep()
         obs = robot.observe()
-
-``ChunkExecutor`` keeps the robot acting while the next chunk decodes. Each ``act(obs)`` (one control tick) returns
-the next action of the current chunk; when ``k`` actions are left it sends ``obs`` in a background thread, remembering
-the tick it was taken at. When that chunk arrives ``d`` ticks later, its first ``d`` actions were meant for ticks that
-have passed: they are dropped (counted as ``stale``) and the chunk is executed from action ``d``, replacing what was
-left of the old one. If a chunk is late (the current one is used up and nothing new has come), the last action is
-held and counted (``held``): never zeros, which would mean "go to the zero pose" to an absolute-position robot.
-For a policy that reads a state history (``n_obs_steps`` = n > 1, from the server's metadata), the executor keeps
-the last n states of the episode at the control rate (``vla.execution.StateHistory``, every tick, so the frames are
-as far apart as in training) and sends them as ``[n, S]``, oldest first, with each request.
-``mode="sync"`` is the baseline (openpi's ``ActionChunkBroker`` in a real-time world): ask only when the chunk is used
-up, hold the last action while waiting, execute the new chunk from its start. A failed request (server down) counts
-as an error, the last action is held, and the request is sent again on the next tick.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 import logging
-import math
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from vla.execution import StateHistory  # plain Python: the robot side still needs no torch
 
 from .codec import packb, unpackb
 
@@ -171,234 +151,3 @@ class PolicyClient:
         self.close()
 
 
-class Rate:
-    """Sleep to the next tick of a fixed-rate loop; ticks that overran are counted (``overruns``), not made up."""
-
-    def __init__(self, hz: float):
-        self.period = 1.0 / hz
-        self.next = time.perf_counter() + self.period
-        self.overruns = 0
-
-    def reset(self) -> None:
-        self.next = time.perf_counter() + self.period
-
-    def sleep(self) -> None:
-        now = time.perf_counter()
-        if now < self.next:
-            time.sleep(self.next - now)
-            self.next += self.period
-        else:
-            self.overruns += 1
-            self.next = now + self.period
-
-
-@dataclass
-class ExecutorStats:
-    ticks: int = 0  # act() calls
-    executed: int = 0  # actions taken from a chunk
-    held: int = 0  # ticks that repeated the last action because no fresh one was ready (a late chunk)
-    stale: int = 0  # actions dropped because the round trip made them stale
-    wasted_chunks: int = 0  # chunks that arrived with every action stale
-    requests: int = 0
-    chunks: int = 0  # chunks adopted
-    errors: int = 0  # failed requests (server down, error reply, timeout)
-    first_wait_ms: list[float] = field(default_factory=list)  # waits for each episode's first chunk
-    round_trip_ms: list[float] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        rtt = self.round_trip_ms
-        d = {k: v for k, v in self.__dict__.items() if k not in ("round_trip_ms", "first_wait_ms")}
-        d["round_trip_ms_p50"] = float(np.percentile(rtt, 50)) if rtt else math.nan
-        d["round_trip_ms_p95"] = float(np.percentile(rtt, 95)) if rtt else math.nan
-        d["held_fraction"] = self.held / self.ticks if self.ticks else 0.0
-        return d
-
-
-class ChunkExecutor:
-    """Executes action chunks at the control rate, asking for the next while ``k`` actions are left.
-
-    ``infer``: a ``PolicyClient`` (or any ``obs -> {"actions": [T, D], ...}`` callable / object with ``infer``).
-    ``control_hz``: the robot's control rate (ticks per second), used to turn round trips into ticks for ``k=None``.
-    ``k``: ask for the next chunk when this many actions are left (``None``: the measured round trip in ticks, plus
-    one, from a running median; half the chunk before the first measurement). ``horizon``: the most actions used from
-    one chunk (default: all of it; sync mode with the policy's ``n_action_steps`` is ``vla eval``'s schedule).
-    ``mode``: ``"overlapped"`` or ``"sync"`` (see the module docstring). ``n_obs_steps``: how many states the policy
-    reads (``None``: the server's metadata, ``metadata["policy"]["n_obs_steps"]``, when ``infer`` has one, else 1);
-    above 1 each request carries the episode's last n states ``[n, S]`` (see the module docstring), read from
-    ``state_key`` (default: the first of ``STATE_KEYS`` the observation holds; name yours if ``vla serve --key``
-    renames it).
-    """
-
-    def __init__(
-        self,
-        infer: Callable[[dict], dict] | PolicyClient,
-        *,
-        control_hz: float,
-        k: int | None = None,
-        horizon: int | None = None,
-        mode: str = "overlapped",
-        first_chunk_timeout_s: float = 30.0,
-        n_obs_steps: int | None = None,
-        state_key: str | None = None,
-    ):
-        if mode not in ("overlapped", "sync"):
-            raise ValueError(f"mode must be 'overlapped' or 'sync', got {mode!r}")
-        if k is not None and k < 0:
-            raise ValueError(f"k must be >= 0 (or None for automatic), got {k}")
-        if n_obs_steps is None:
-            metadata = infer.get_server_metadata() if hasattr(infer, "get_server_metadata") else {}
-            n_obs_steps = int((metadata or {}).get("policy", {}).get("n_obs_steps", 1))
-        if n_obs_steps < 1:
-            raise ValueError(f"n_obs_steps must be >= 1 (the states the policy reads), got {n_obs_steps}")
-        self.n_obs_steps, self.state_key = n_obs_steps, state_key
-        self.infer = infer.infer if hasattr(infer, "infer") else infer
-        self.control_hz = float(control_hz)
-        self.k, self.horizon, self.mode = k, horizon, mode
-        self.first_chunk_timeout_s = first_chunk_timeout_s
-        self.stats = ExecutorStats()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-chunk-request")
-        self._lock = threading.Lock()
-        self._recent_rtt: deque[float] = deque(maxlen=9)
-        self.executed_actions: list[np.ndarray] = []  # every action act() returned this episode
-        self.reset()
-
-    # --- per episode ---------------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Start an episode: forget the chunk and the last action; a reply still in flight is discarded."""
-        with self._lock:
-            self._epoch = getattr(self, "_epoch", 0) + 1
-            self._arrived: tuple[np.ndarray, int] | None = None
-        self._inflight: concurrent.futures.Future | None = None
-        self._chunk: np.ndarray | None = None
-        self._index = 0
-        self._last: np.ndarray | None = None
-        self.tick = 0
-        self.executed_actions = []
-        self._history = StateHistory(self.n_obs_steps) if self.n_obs_steps > 1 else None
-
-    def act(self, obs: dict[str, Any]) -> np.ndarray:
-        """The action for this tick (float ``[D]``). Blocks only for an episode's first chunk."""
-        if self._history is not None:
-            obs = self._with_history(obs)
-        self._adopt()
-        if self._last is None and self._chunk is None:  # episode start: nothing to hold, wait for the first chunk
-            start = time.perf_counter()
-            deadline = start + self.first_chunk_timeout_s
-            while self._chunk is None and time.perf_counter() < deadline:
-                if self._inflight is None:
-                    self._request(obs)
-                concurrent.futures.wait([self._inflight], timeout=max(deadline - time.perf_counter(), 0))
-                self._adopt(fresh_start=True)
-            self.stats.first_wait_ms.append((time.perf_counter() - start) * 1000)
-            if self._chunk is None:
-                raise TimeoutError(f"no first chunk within {self.first_chunk_timeout_s} s (is the server up?)")
-        left = self._left()
-        ask_at = 0 if self.mode == "sync" else self._k()
-        if left <= ask_at and self._inflight is None:
-            self._request(obs)
-        if left > 0:
-            action = self._chunk[self._index]
-            self._index += 1
-            self.stats.executed += 1
-        else:
-            action = self._last
-            self.stats.held += 1
-        self._last = action
-        self.tick += 1
-        self.stats.ticks += 1
-        self.executed_actions.append(action)
-        return np.array(action, copy=True)
-
-    # --- internals -----------------------------------------------------------------------------------------
-    def _with_history(self, obs: dict[str, Any]) -> dict[str, Any]:
-        """``obs`` with its state ``[S]`` replaced by the episode's last n states ``[n, S]`` (pushed every tick)."""
-        keys = (self.state_key,) if self.state_key else STATE_KEYS
-        key = next((k for k in keys if k in obs), None)
-        if key is None:
-            raise ValueError(f"the policy reads the last {self.n_obs_steps} states, but the observation has none of "
-                             f"{', '.join(keys)}: send the robot state every tick (or name its key: "
-                             "state_key=)")  # fmt: skip
-        state = np.array(obs[key], dtype=np.float32).reshape(-1)  # a copy: robots reuse their buffers
-        frames = self._history.frames
-        if frames and frames[-1].shape != state.shape:
-            raise ValueError(f"the state changed size within an episode ({len(frames[-1])} -> {len(state)}); call "
-                             "executor.reset() when a new episode starts")  # fmt: skip
-        return {**obs, key: np.stack(self._history.push(state))}
-
-    def _k(self) -> int:
-        size = self._usable()
-        if self.k is not None:
-            return min(self.k, max(size - 1, 0))
-        if not self._recent_rtt:
-            return size // 2
-        ticks = math.ceil(float(np.median(self._recent_rtt)) * self.control_hz / 1000) + 1
-        return int(min(max(ticks, 1), max(size - 1, 0)))
-
-    def _usable(self) -> int:
-        if self._chunk is None:
-            return 0
-        return len(self._chunk) if self.horizon is None else min(self.horizon, len(self._chunk))
-
-    def _left(self) -> int:
-        return max(self._usable() - self._index, 0)
-
-    def _request(self, obs: dict[str, Any]) -> None:
-        self.stats.requests += 1
-        self._inflight = self._pool.submit(self._fetch, obs, self.tick, self._epoch)
-
-    def _fetch(self, obs: dict[str, Any], tick: int, epoch: int) -> None:
-        start = time.perf_counter()
-        try:
-            reply = self.infer(obs)
-            chunk = np.asarray(reply["actions"], dtype=np.float64)
-            if chunk.ndim != 2 or len(chunk) == 0 or not np.isfinite(chunk).all():
-                raise ValueError(f"the server sent actions of shape {list(chunk.shape)} (or non-finite values)")
-        except Exception as err:  # noqa: BLE001 - counted; the robot holds its last action and asks again
-            self.stats.errors += 1
-            logger.warning("chunk request failed: %s", err)
-            return
-        rtt_ms = (time.perf_counter() - start) * 1000
-        with self._lock:
-            if epoch != self._epoch:  # a reply for an episode that has ended
-                return
-            self._arrived = (chunk, tick)
-            self._recent_rtt.append(rtt_ms)
-            self.stats.round_trip_ms.append(rtt_ms)
-
-    def _adopt(self, fresh_start: bool = False) -> None:
-        """Switch to a chunk that has arrived, dropping the actions meant for ticks already past."""
-        if self._inflight is not None and self._inflight.done():
-            self._inflight = None
-        with self._lock:
-            arrived, self._arrived = self._arrived, None
-        if arrived is None:
-            return
-        chunk, tick = arrived
-        late = 0 if (fresh_start or self.mode == "sync") else self.tick - tick
-        usable = len(chunk) if self.horizon is None else min(self.horizon, len(chunk))
-        if late >= usable:
-            self.stats.wasted_chunks += 1
-            self.stats.stale += usable
-            return
-        self._chunk, self._index = chunk, late
-        self.stats.stale += late
-        self.stats.chunks += 1
-
-    def close(self) -> None:
-        """Stop the request thread (after the request in flight, if any, has its answer or its timeout)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def action_jerk(actions: np.ndarray, control_hz: float | None = None) -> float:
-    """RMS of the second difference of an executed action sequence ``[N, D]``.
-
-    For velocity-like actions (Meta-World's hand displacement per step) this is the commanded jerk up to a constant;
-    chunk boundaries that jump, and held actions that stop short, both raise it. Per step squared (``control_hz``
-    scales it to per second squared).
-    """
-    a = np.asarray(actions, dtype=np.float64)
-    if len(a) < 3:
-        return 0.0
-    d2 = np.diff(a, n=2, axis=0)
-    value = float(np.sqrt(np.mean(np.sum(d2**2, axis=-1))))
-    return value * control_hz**2 if control_hz else value

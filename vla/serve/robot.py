@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .client import ChunkExecutor, PolicyClient, Rate, action_jerk
+from .client import PolicyClient
+from .executor import ChunkExecutor, Rate, action_jerk
 
 
 def run_realtime_episode(env, executor: ChunkExecutor, seed: int, max_steps: int) -> dict[str, Any]:
