@@ -27,7 +27,8 @@ from itertools import chain
 import numpy as np
 from tokenizers import Tokenizer
 
-from .coefficients import ints_to_strings, split_rows
+from .coefficients import ints_to_strings, split_rows, string_to_ints
+from .utf8 import REPLACEMENT, ByteDecoder
 from .utf8 import UNICODE_TO_BYTE
 
 LIMIT = 0x800  # code points probed: those of one or two UTF-8 bytes (FAST's alphabets are far smaller)
@@ -143,3 +144,38 @@ class ByteLevelEncoder:
         ids = piece_ids[np.repeat(piece_off[word] - (ends - lens), lens) + np.arange(ends[-1] if len(ends) else 0)]
         words_per_row = starts.reshape(b, n).sum(axis=1)  # >= 1: a row's first symbol starts a word
         return split_rows(ids, np.add.reduceat(lens, np.cumsum(words_per_row) - words_per_row))
+
+
+def decode_rows(
+    decoder: ByteDecoder, bpe: Tokenizer, ids: np.ndarray, counts: np.ndarray, n: int, *, pad: int
+) -> tuple[np.ndarray, np.ndarray, list]:
+    """Well-formed rows in numpy (``ByteDecoder``); the others through the BPE's decoder, to say why."""
+    b, vocab_size = len(counts), bpe.get_vocab_size()
+    row_of = np.repeat(np.arange(b), counts)
+    bad_id = (ids < 0) | (ids >= vocab_size)
+    clean = np.bincount(row_of[bad_id], minlength=b) == 0
+    symbols = np.full((b, n), pad, dtype=np.int64)  # repair pads with coefficient 0
+    fast, ok = decoder.decode(ids[clean[row_of]], counts[clean], n)
+    good = np.flatnonzero(clean)[ok]
+    symbols[good] = fast
+    valid = np.zeros(b, dtype=bool)
+    valid[good] = True
+    errors: list[str | None] = [None] * b
+    slow = np.flatnonzero(~valid)
+    if not len(slow):
+        return symbols, valid, errors
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rows = {int(i): ids[starts[i] : starts[i] + counts[i]] for i in slow}
+    texts = bpe.decode_batch([rows[i][(rows[i] >= 0) & (rows[i] < vocab_size)].tolist() for i in slow])
+    for i, text in zip(slow, texts):
+        sym = string_to_ints(text)
+        bad = rows[i][(rows[i] < 0) | (rows[i] >= vocab_size)]
+        if len(bad):
+            errors[i] = f"id {int(bad[0])} is outside [0, {vocab_size})"
+        elif (sym == REPLACEMENT).any():
+            errors[i] = "the ids spell malformed UTF-8 (a token split a coefficient)"
+        else:
+            errors[i] = f"the ids spell {len(sym)} coefficients, expected {n}"
+        sym = sym[sym != REPLACEMENT]
+        symbols[i, : min(len(sym), n)] = sym[:n]
+    return symbols, valid, errors

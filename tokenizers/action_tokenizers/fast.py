@@ -54,7 +54,7 @@ from .base import (
     check_saved,
     finish_decode,
 )
-from . import byte_level
+from . import byte_level, char_level
 from .byte_level import ByteLevelEncoder
 from .coefficients import (
     dct,
@@ -64,14 +64,13 @@ from .coefficients import (
     quantize,
     scale_for_rmse,
     split_rows,
-    string_to_ints,
     to_symbols,
     unflatten,
 )
 from .constraint import Constraint, LengthConstraint
 from .longest_match import Trie
 from .reference import bpe_trainer, load_bpe, read_reference
-from .utf8 import REPLACEMENT, UNICODE_TO_BYTE, ByteDecoder, ByteTables, Utf8Constraint
+from .utf8 import UNICODE_TO_BYTE, ByteDecoder, ByteTables, Utf8Constraint
 
 BPE_FILE = "bpe.json"
 DEFAULT_DEADZONE = 0.2  # measured on real data: see results/rate_distortion/
@@ -313,87 +312,13 @@ class FASTTokenizer(ActionTokenizer):
     @cached_property
     def _token_symbols(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Character-level look-up table: (flat symbols, offset per id, length per id)."""
-        vocab = self.bpe.get_vocab()
-        strings = [""] * len(vocab)
-        for token, i in vocab.items():
-            strings[i] = token
-        lengths = np.array([len(s) for s in strings], dtype=np.int64)
-        flat = string_to_ints("".join(strings))
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        singles = {ord(s) for s in strings if len(s) == 1}
-        if (lengths < 1).any() or not singles.issuperset(range(self.n_symbols)):
-            raise ValueError("the BPE vocabulary lacks a single-symbol id for some coefficient; refit the tokenizer")
-        return flat, offsets, lengths
+        return char_level.symbol_table(self.bpe, self.n_symbols)
 
     def _decode_char_level(self, ids: np.ndarray, counts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, list]:
-        """Whole batch at once: look every id up, then cut the concatenated symbols back into rows.
-
-        ``ids``: all rows' ids, concatenated; ``counts [B]``: ids per row. Returns (symbols [B, n], rows
-        padded/truncated for repair; valid [B]; errors).
-        """
-        flat, offsets, lengths = self._token_symbols
-        b = len(counts)
-        bad = None
-        if len(ids) and (ids.min() < 0 or ids.max() >= len(lengths)):
-            row_of = np.repeat(np.arange(b), counts)  # [I] which row each id belongs to
-            bad = (ids < 0) | (ids >= len(lengths))
-            bad_rows, first = np.unique(row_of[bad], return_index=True)
-            bad_ids = ids[bad][first]
-            ids, counts = ids[~bad], np.bincount(row_of[~bad], minlength=b)
-        lens = lengths[ids]  # [I] symbols per id
-        ends = np.cumsum(lens)
-        # Output position j of id k reads flat[offsets[k] + (j - start_k)], start_k its first position.
-        symbols_all = flat[np.repeat(offsets[ids] - (ends - lens), lens) + np.arange(ends[-1] if len(ends) else 0)]
-        row_ends = np.concatenate([[0], ends])[np.cumsum(counts)]  # [B] symbols up to each row's end
-        per_row = np.diff(row_ends, prepend=0)  # [B] symbols per row
-        valid = per_row == n
-        if bad is None and valid.all():  # the common case: every row spells exactly n symbols
-            return symbols_all.reshape(b, n), valid, [None] * b
-        row_start = row_ends - per_row
-        take = np.minimum(per_row, n)
-        symbols = np.full((b, n), -self.min_token, dtype=np.int64)  # repair pads with coefficient 0
-        cols = np.arange(n)
-        inside = cols[None, :] < take[:, None]  # [B, n]
-        symbols[inside] = symbols_all[(row_start[:, None] + cols[None, :])[inside]]
-        errors: list[str | None] = [
-            None if ok else f"the ids spell {count} coefficients, expected {n}" for ok, count in zip(valid, per_row)
-        ]
-        if bad is not None:  # a row with an out-of-range id is invalid even if the rest spells n symbols
-            for i, bad_id in zip(bad_rows, bad_ids):
-                valid[i], errors[i] = False, f"id {int(bad_id)} is outside [0, {len(lengths)})"
-        return symbols, valid, errors
+        return char_level.decode_rows(self._token_symbols, ids, counts, n, pad=-self.min_token)
 
     def _decode_byte_level(self, ids: np.ndarray, counts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, list]:
-        """Well-formed rows in numpy (``ByteDecoder``); the others through the BPE's decoder, to say why."""
-        b, vocab_size = len(counts), self.vocab_size
-        row_of = np.repeat(np.arange(b), counts)
-        bad_id = (ids < 0) | (ids >= vocab_size)
-        clean = np.bincount(row_of[bad_id], minlength=b) == 0
-        symbols = np.full((b, n), -self.min_token, dtype=np.int64)  # repair pads with coefficient 0
-        fast, ok = self._byte_decoder.decode(ids[clean[row_of]], counts[clean], n)
-        good = np.flatnonzero(clean)[ok]
-        symbols[good] = fast
-        valid = np.zeros(b, dtype=bool)
-        valid[good] = True
-        errors: list[str | None] = [None] * b
-        slow = np.flatnonzero(~valid)
-        if not len(slow):
-            return symbols, valid, errors
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        rows = {int(i): ids[starts[i] : starts[i] + counts[i]] for i in slow}
-        texts = self.bpe.decode_batch([rows[i][(rows[i] >= 0) & (rows[i] < vocab_size)].tolist() for i in slow])
-        for i, text in zip(slow, texts):
-            sym = string_to_ints(text)
-            bad = rows[i][(rows[i] < 0) | (rows[i] >= vocab_size)]
-            if len(bad):
-                errors[i] = f"id {int(bad[0])} is outside [0, {vocab_size})"
-            elif (sym == REPLACEMENT).any():
-                errors[i] = "the ids spell malformed UTF-8 (a token split a coefficient)"
-            else:
-                errors[i] = f"the ids spell {len(sym)} coefficients, expected {n}"
-            sym = sym[sym != REPLACEMENT]
-            symbols[i, : min(len(sym), n)] = sym[:n]
-        return symbols, valid, errors
+        return byte_level.decode_rows(self._byte_decoder, self.bpe, ids, counts, n, pad=-self.min_token)
 
     @cached_property
     def _byte_decoder(self) -> ByteDecoder:
