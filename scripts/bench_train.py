@@ -168,6 +168,10 @@ def main() -> None:
     codes = {"before": (args.before.resolve(), []), "after": (args.after.resolve(), [])}
     if args.compiled:
         codes["after_compiled"] = (args.after.resolve(), ["--compile=true"])
+    from vla.provenance import git_state
+
+    # Each checkout's commit, read before any run (the results file this script writes may lie inside one).
+    states = {label: git_state(code) for label, (code, _) in codes.items()}
     runs: dict[tuple, list[dict]] = {}
     for repeat in range(args.repeats):
         for recipe in recipes:
@@ -177,12 +181,12 @@ def main() -> None:
                     runs.setdefault((recipe, n, label), []).append(result)
                     print(json.dumps({"recipe": recipe, "threads": n, "code": label,
                                       **{k: v for k, v in result.items() if k != "losses"}}), flush=True)  # fmt: skip
-        write(args, recipes, threads, codes, runs, repeat + 1)  # every finished round: a complete file
+        write(args, recipes, threads, codes, states, runs, repeat + 1)  # every finished round: a complete file
 
 
-def write(args, recipes: list[str], threads: list[int], codes: dict, runs: dict, repeats: int) -> None:
+def write(args, recipes: list[str], threads: list[int], codes: dict, states: dict, runs: dict, repeats: int) -> None:
     from vla.io import write_json, atomic_write_text
-    from vla.provenance import git_state, provenance
+    from vla.provenance import provenance
 
     rows = []
     for (recipe, n, label), results in runs.items():
@@ -195,8 +199,8 @@ def write(args, recipes: list[str], threads: list[int], codes: dict, runs: dict,
         })  # fmt: skip
     loads = [r["load_average"] for rs in runs.values() for r in rs]
     commits = {}
-    for label, (code, extra) in codes.items():
-        commit, dirty = git_state(code)
+    for label, (_, extra) in codes.items():
+        commit, dirty = states[label]
         commits[label] = f"{commit[:12]}{' (uncommitted changes)' if dirty else ''}{' ' + ' '.join(extra) if extra else ''}"
     meta = {"cpus": os.cpu_count(), "batch_size": BATCH, "steps": args.steps, "repeats": repeats,
             "warmup_steps": WARMUP_STEPS, "codes": commits, "load_average_min": min(loads),
