@@ -62,3 +62,14 @@ def test_committed_results_say_what_produced_them():
     assert not lacking, f"results files without a complete provenance block: {lacking}"
     missing = sorted(n for n in untraced if not (RESULTS / n).is_file())
     assert not missing, f"results/UNTRACED.txt lists files that are gone (remove the lines): {missing}"
+
+
+def test_committed_gifs_stay_small():
+    """A results folder carries a GIF only as an illustration: at most 300 kB each."""
+    try:
+        out = subprocess.run(["git", "ls-files", "*.gif"], cwd=RESULTS, capture_output=True, text=True, check=True)
+        gifs = [RESULTS / line for line in out.stdout.split()]
+    except (OSError, subprocess.CalledProcessError):
+        gifs = sorted(RESULTS.rglob("*.gif"))
+    big = {p.relative_to(RESULTS).as_posix(): p.stat().st_size for p in gifs if p.stat().st_size > 300_000}
+    assert not big, f"GIFs above 300 kB (keep fewer frames or colours): {big}"
