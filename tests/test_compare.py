@@ -60,8 +60,8 @@ def test_fast_error_falls_as_scale_rises(result):
 
 def test_entries_are_registry_names_with_options():
     entry = compare.parse_entry("bin:n_bins=128")
-    assert (entry.name, entry.options) == ("bin", {"n_bins": 128})
-    assert compare.parse_entry("fsq:levels=[8,5,5]").options == {"levels": [8, 5, 5]}
+    assert (entry.label, entry.name, entry.choice.n_bins) == ("bin:n_bins=128", "bin", 128)
+    assert compare.parse_entry("fsq:levels=[8,5,5]").choice.levels == [8, 5, 5]
     assert set(compare.DEFAULT_TOKENIZERS) >= {"fast", "fast:byte_level=true", "bin", "fsq", "beast"}
     with pytest.raises(ValueError, match="unknown bin option 'nbins'.*did you mean 'n_bins'"):
         compare.parse_entry("bin:nbins=128")

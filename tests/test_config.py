@@ -74,3 +74,24 @@ def test_policy_config_is_the_one_config():
 def test_validation_names_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**kwargs)
+
+
+def test_one_tokenizer_choice_for_train_compare_fit_and_lerobot():
+    """`--tokenizer.type=bin --tokenizer.n_bins=32`, `vla compare --tokenizers bin:n_bins=32` and LeRobot's
+    `--policy.action_tokenizer_type=bin:n_bins=32` name the same choice, and fit the same tokenizer."""
+    import numpy as np
+
+    from vla.compare import parse_entry
+    from vla.tokenizer_choice import parse_choice
+
+    cfg = load_config(None, ["--tokenizer.type=bin", "--tokenizer.n_bins=32"])
+    assert parse_choice("bin:n_bins=32") == cfg.tokenizer == parse_entry("bin:n_bins=32").choice
+    assert parse_choice("fsq:levels=[8,5,5]").levels == [8, 5, 5]
+    chunks = np.random.default_rng(0).uniform(-1, 1, (64, 8, 3))
+    a, b = cfg.tokenizer.fit(chunks), parse_entry("bin:n_bins=32").fit(chunks)
+    assert a.vocab_size == b.vocab_size == 32 and a.encode(chunks[:4]) == b.encode(chunks[:4])
+    assert VLAConfig(action_tokenizer_type="beast:n_control_points=6").action_tokenizer_type.startswith("beast")
+    with pytest.raises(ValueError, match="did you mean 'n_bins'"):
+        VLAConfig(action_tokenizer_type="bin:nbins=32")
+    with pytest.raises(ValueError, match="write options as name:option=value"):
+        parse_choice("bin:n_bins")

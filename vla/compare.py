@@ -13,10 +13,9 @@ sequences decode. ``--sweep`` adds rate-distortion curves. Writes ``compare.json
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from lerobot.utils.constants import ACTION
 from vla.data import columns, reader
 from vla.policy.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
 from vla.compare_report import markdown_table, write_outputs
-from vla.names import check_name
+from vla.tokenizer_choice import TokenizerConfig, parse_choice
 from vla.provenance import provenance
 
 # The comparison's default entries: every registered tokenizer, plus FAST with the published byte-level BPE.
@@ -44,31 +43,23 @@ SWEEPS: dict[str, tuple[str, list[Any]]] = {  # tokenizer -> (option, values): i
 
 @dataclass(frozen=True)
 class Entry:
-    """One row of the comparison: a registered tokenizer with options, written ``name[:option=value,...]``."""
+    """One row of the comparison: a tokenizer choice, written ``name[:option=value,...]``
+    (``vla.tokenizer_choice.parse_choice``)."""
 
     label: str  # as written, e.g. "fast:byte_level=true"
-    name: str  # the registry name
-    options: dict[str, Any]
+    choice: TokenizerConfig
+
+    @property
+    def name(self) -> str:  # the registry name
+        return self.choice.type
 
     def fit(self, chunks: np.ndarray, **extra: Any) -> at.ActionTokenizer:
-        return at.get_tokenizer_class(self.name).fit(chunks, **{**self.options, **extra})
+        return self.choice.fit(chunks, **extra)
 
 
 def parse_entry(spec: str) -> Entry:
-    """``"bin:n_bins=128"`` -> ``Entry("bin:n_bins=128", "bin", {"n_bins": 128})`` (values read as YAML)."""
-    import yaml
-
-    name, _, rest = spec.strip().partition(":")
-    cls = at.get_tokenizer_class(name)  # a clear error, with a suggestion, for an unknown name
-    known = [f.name for f in fields(cls.Options)]
-    options = {}
-    for item in filter(None, re.split(r",(?![^\[]*\])", rest)):  # commas inside [...] belong to a value
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"{spec!r}: write options as name:option=value,option=value (got {item!r})")
-        check_name(f"{name} option", key.strip(), known)
-        options[key.strip()] = yaml.safe_load(value)
-    return Entry(spec.strip(), name, options)
+    """``"bin:n_bins=128"`` -> ``Entry("bin:n_bins=128", the bin choice with n_bins=128)``."""
+    return Entry(spec.strip(), parse_choice(spec))
 
 
 def parse_tokenizers(specs: str | list[str]) -> list[Entry]:

@@ -82,7 +82,8 @@ def add_cli(subparsers) -> None:
     sub = group.add_subparsers(dest="tokenizer_command", metavar="SUBCOMMAND")
     p = sub.add_parser("fit", help="fit on the training episodes, save with the normaliser, report held-out error")
     p.add_argument("--root", type=Path, required=True, help="a local LeRobot v3.0 dataset")
-    p.add_argument("--type", required=True, help="tokenizer: " + ", ".join(at.TOKENIZERS))
+    p.add_argument("--type", required=True, help="the tokenizer, as vla compare names it: " + ", ".join(at.TOKENIZERS)
+                   + ", with options name:option=value,... (e.g. bin:n_bins=128)")  # fmt: skip
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="a fit option of the tokenizer (repeatable), e.g. --option scale=5")  # fmt: skip
     p.add_argument("--time-horizon", type=int, default=None, help="T; default one second, capped at the shortest episode")
@@ -94,7 +95,8 @@ def add_cli(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    spec = args.type + (":" + ",".join(args.option) if args.option else "")
+    joiner = "," if ":" in args.type else ":"
+    spec = args.type + (joiner + ",".join(args.option) if args.option else "")
     fit_tokenizer(args.root, args.out, spec, time_horizon=args.time_horizon, heldout=args.episodes_heldout,
                   do_sweep=args.sweep, seed=args.seed)  # fmt: skip
     print(json.dumps({"out": str(args.out)}))

@@ -7,14 +7,17 @@ config), and ``tokenizer_config(name, **options)`` to build one in code. ``build
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import draccus
 import numpy as np
+import yaml
 
 import action_tokenizers as at
+from vla.names import check_name
 
 
 @dataclass
@@ -30,6 +33,10 @@ class TokenizerConfig(draccus.ChoiceRegistry):
         """The fit options: every field but ``pretrained_path``."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "pretrained_path"}
 
+    def fit(self, chunks: np.ndarray, **extra: Any) -> at.ActionTokenizer:
+        """Fit on normalised chunks ``[N, T, D]`` with these options, ``extra`` on top (``show_progress=True``)."""
+        return at.get_tokenizer_class(self.type).fit(chunks, **{**self.options(), **extra})
+
     def build(self, chunks: np.ndarray) -> at.ActionTokenizer:
         """Load ``pretrained_path``, or fit on normalised training chunks ``[N, T, D]``."""
         if self.pretrained_path:
@@ -37,7 +44,7 @@ class TokenizerConfig(draccus.ChoiceRegistry):
             if tok.name != self.type:
                 raise ValueError(f"{self.pretrained_path} holds a {tok.name!r} tokenizer, the config asks for {self.type!r}")
             return tok
-        return at.get_tokenizer_class(self.type).fit(chunks, **self.options())
+        return self.fit(chunks)
 
 
 def _choice_for(name: str, cls: type[at.ActionTokenizer]) -> type[TokenizerConfig]:
@@ -63,3 +70,21 @@ NORMALIZER_FILE = "action_normalizer.json"  # a fitted tokenizer folder's normal
 def tokenizer_config(name: str, **options: Any) -> TokenizerConfig:
     """The tokenizer choice ``name`` with ``options`` set, e.g. ``tokenizer_config("bin", n_bins=64)``."""
     return TOKENIZER_CONFIGS[at.get_tokenizer_class(name).name](**options)
+
+
+def parse_choice(spec: str) -> TokenizerConfig:
+    """``"bin:n_bins=128"`` -> the ``bin`` choice with ``n_bins=128`` (values read as YAML; commas inside ``[...]``
+    belong to a value): the one-string spelling of ``--tokenizer.type=bin --tokenizer.n_bins=128``, which
+    ``vla compare``, ``vla tokenizer fit`` and LeRobot's ``--policy.action_tokenizer_type`` take. An unknown name or
+    option is a ``ValueError`` that suggests the closest."""
+    name, _, rest = str(spec).strip().partition(":")
+    cls = at.get_tokenizer_class(name)  # a clear error, with a suggestion, for an unknown name
+    known = [f.name for f in dataclasses.fields(cls.Options)]
+    options = {}
+    for item in filter(None, re.split(r",(?![^\[]*\])", rest)):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"{spec!r}: write options as name:option=value,option=value (got {item!r})")
+        check_name(f"{name} option", key.strip(), known)
+        options[key.strip()] = yaml.safe_load(value)
+    return tokenizer_config(name, **options)

@@ -16,13 +16,13 @@ from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature, PreTr
 from lerobot.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
 from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
-import action_tokenizers as at
 from action_tokenizers.normalize import NORM_MODES
 from vla.data.reader import IMAGE_PREFIX
 from vla.model.presets import PRESETS
 from vla.names import suggestion
 from vla.model.sequence import ATTENTIONS, DECODINGS, STATE_ENCODINGS
 from vla.model.vision import VISION_ENCODERS
+from vla.tokenizer_choice import parse_choice
 
 DTYPES = ("float32", "bfloat16")
 AUTO = "auto"  # a setting chosen from the dataset when `vla train` starts (vla.data.defaults)
@@ -115,8 +115,8 @@ class VLAConfig(PreTrainedConfig):
 
     # --- tokenizer and normalisation when LeRobot's factory builds the policy ------------------------------
     action_tokenizer_path: str | None = None  # folder written by tok.save_pretrained (used when none is passed)
-    # With no path (and no tokenizer passed), LeRobot's trainer fits one of this type (vla's default options) on the
-    # dataset's chunks, as `vla train` does: "fast", "bin", "fsq" or "beast"
+    # With no path (and no tokenizer passed), LeRobot's trainer fits this one on the dataset's chunks, as `vla train`
+    # does: a tokenizer choice as `vla compare` spells it, "fast", "bin:n_bins=128", "fsq", "beast:n_control_points=6"
     action_tokenizer_type: str = "fast"
     action_norm_mode: str = "quantile"  # from dataset stats: "quantile" (q01/q99 -> +-1), "mean_std", "identity"
     state_norm_mode: str = "quantile"  # same choices, for observation.state
@@ -215,8 +215,11 @@ class VLAConfig(PreTrainedConfig):
         _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")
         self.check_num_beams(self.num_beams)
-        _check(self.action_tokenizer_type in at.TOKENIZERS, "action_tokenizer_type", self.action_tokenizer_type,
-               f"use one of {', '.join(at.TOKENIZERS)}")  # fmt: skip
+        try:
+            parse_choice(self.action_tokenizer_type)
+        except ValueError as err:
+            _check(False, "action_tokenizer_type", self.action_tokenizer_type,
+                   f"{err}; write name[:option=value,...], e.g. 'bin:n_bins=128'")  # fmt: skip
         for name in ("action_norm_mode", "state_norm_mode"):
             mode = getattr(self, name)
             _check(mode in NORM_MODES, name, mode, f"use one of {', '.join(NORM_MODES)}")

@@ -15,7 +15,7 @@ from vla.data import columns, reader
 from vla.model.text import prompt_words
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.pipeline import RelativeActions
-from vla.tokenizer_choice import tokenizer_config
+from vla.tokenizer_choice import parse_choice
 
 logger = logging.getLogger(__name__)
 
@@ -52,4 +52,4 @@ def policy_tokenizer(
     chunks = predicted_chunks(info, config, None)  # every episode: LeRobot's trainer trains on them all
     logger.info("fitting a %s action tokenizer on %d chunks of %s (no action_tokenizer_path given)",
                 config.action_tokenizer_type, len(chunks), root)  # fmt: skip
-    return tokenizer_config(config.action_tokenizer_type).build(action_normalizer.normalize(chunks))
+    return parse_choice(config.action_tokenizer_type).fit(action_normalizer.normalize(chunks))
