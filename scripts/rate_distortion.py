@@ -36,7 +36,7 @@ from vla.data.columns import action_chunks
 from vla.data.stats import frame_stats  # noqa: E402
 
 SCALES = [2.0, 3.0, 5.0, 7.0, 10.0, 14.0, 20.0, 28.0, 40.0]
-COMPARE_AT = [5.0, 10.0, 20.0]  # the published points the issue compares at
+COMPARE_AT = [5.0, 10.0, 20.0]  # the published points the comparison is read at
 VARIANTS = {  # label -> FASTTokenizer.fit options (scale swept)
     "published (byte-level BPE, frequency-major)": {"byte_level": True},
     "char-level, frequency-major, longest match": {"order": "frequency", "deadzone": 0.0},

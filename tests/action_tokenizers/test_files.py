@@ -1,4 +1,4 @@
-"""Saved files: atomic, versioned, and validated on load with the file named (issue 18, items 6 and 7)."""
+"""Saved files: atomic, versioned, and validated on load with the file named."""
 
 import json
 
