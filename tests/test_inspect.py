@@ -65,3 +65,35 @@ def test_inspect_on_a_dataset_sample_through_the_cli(tiny_dataset_root, tmp_path
     assert main(["inspect", "--policy", str(tmp_path / "policy"), "--dataset", str(tiny_dataset_root),
                  "--index", "100000"]) == 1  # fmt: skip
     assert "outside the dataset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,decoding", [("fast", "autoregressive"), ("bin", "autoregressive"), ("bin", "parallel")])
+def test_the_trace_is_the_policys_own_decoding(name, decoding):
+    """vla inspect's steps come from the decoding loop itself: the ids it shows are the chunk the policy predicts."""
+    import dataclasses
+
+    import torch
+
+    from vla.inspect import trace_decoding
+    from vla.model.decode import generate
+    from vla.policy.pipeline import SEQUENCE, run
+
+    base = policy(name)
+    pol = VLAPolicy(dataclasses.replace(base.config, decoding=decoding), action_tokenizer=base.action_tokenizer,
+                    action_normalizer=base.action_normalizer, state_normalizer=base.state_normalizer)  # fmt: skip
+    pol.eval()
+    batch = {"observation.state": torch.zeros(1, 4), "task": ["push"]}
+    steps = trace_decoding(pol, batch)
+    ids = [s["action_id"] for s in steps if s["action_id"] >= 0]
+    prompt = run(pol.pipeline.prompt, batch)
+    gen = generate(pol.model, prompt[SEQUENCE], vocab=pol.vocab, constraint=pol.constraint,
+                   images=prompt.get("images"), max_new_tokens=pol.max_new_tokens)  # fmt: skip
+    assert ids == gen.ids[0]  # tracing changes nothing
+    pol.predict_action_chunk(dict(batch))
+    assert int(pol.last_decode_info.tokens_per_chunk[0]) == len(ids)
+    chunk = pol.action_tokenizer.decode([ids], T, D)
+    assert bool(chunk.valid[0]) and all(1 <= s["allowed"] and s["top"][0][0] == s["chosen"] for s in steps)
+    if decoding == "parallel":
+        assert len(steps) == len(ids)  # one step per query slot, no stop token
+    else:
+        assert steps[-1]["chosen"] == pol.vocab.end_id and len(steps) == len(ids) + 1

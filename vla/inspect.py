@@ -68,48 +68,25 @@ def token_kinds(policy: VLAPolicy, seq) -> np.ndarray:
 
 @torch.no_grad()
 def trace_decoding(policy: VLAPolicy, batch: dict[str, Any], top: int = 5) -> list[dict[str, Any]]:
-    """Greedy decoding of one observation, step by step by full recomputation (slow, exact): per step the top
-    probabilities after the constraint's mask, the chosen id and the size of the allowed set. A ``parallel`` policy's
-    steps are its query slots, read from one forward pass in the order the constraint picks them."""
-    from vla.model.sequence import prefix_lm_mask
+    """Greedy decoding of one observation through the policy's own decoding loop (``generate``'s ``trace``): per
+    step the top probabilities after the constraint's mask, the chosen id and the size of the allowed set. A
+    ``parallel`` policy's steps are its query slots, in the order the constraint picks them."""
+    from vla.model.decode import generate
 
     prompt = run(policy.pipeline.prompt, batch)
-    seq, images = prompt[SEQUENCE], prompt.get("images")
-    model, vc = policy.model, policy.constraint
-    state, ids, steps = vc.start(), seq.input_ids, []
-    if policy.config.decoding == "parallel":  # one forward pass; the slots' ids picked in order under the constraint
-        n = int(seq.query_slots[0].sum())
-        out = model(ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.ar, images=images, state=seq.state,
-                    state_slots=seq.state_slots, query_slots=seq.query_slots)  # fmt: skip
-        for logits in model.logits(out.last_hidden_state[0, -n:]):
-            allowed = vc.masks([state])[0]
-            probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-            best = probs.topk(min(top, int(allowed.sum()))).indices.tolist()
-            action_id = int(policy.vocab.vocab_to_action(np.int64(best[0])))
-            steps.append({"allowed": int(allowed.sum()), "top": [(i, float(probs[i])) for i in best],
-                          "chosen": best[0], "action_id": action_id})  # fmt: skip
-            state = vc.constraint.advance(state, action_id)
-        return steps
-    valid, ar, pos, slots = seq.valid, seq.ar, seq.position_ids, seq.state_slots
-    for _ in range(policy.max_new_tokens):
-        out = model(ids, prefix_lm_mask(valid, ar), pos, token_type_ids=ar, images=images, state=seq.state,
-                    state_slots=slots)  # fmt: skip
-        logits = model.logits(out.last_hidden_state[0, -1])
-        allowed = vc.masks([state])[0]
-        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-        best = probs.topk(min(top, int(allowed.sum()))).indices.tolist()
-        chosen = best[0]
-        steps.append({"allowed": int(allowed.sum()), "top": [(i, float(probs[i])) for i in best], "chosen": chosen,
+    steps: list[dict[str, Any]] = []
+
+    def record(step: int, logits: torch.Tensor, token: torch.Tensor) -> None:
+        row = logits[0].float()
+        allowed = int(torch.isfinite(row).sum())
+        probs = torch.softmax(row, dim=-1)
+        best = probs.topk(min(top, allowed)).indices.tolist()
+        chosen = int(token[0])
+        steps.append({"allowed": allowed, "top": [(i, float(probs[i])) for i in best], "chosen": chosen,
                       "action_id": int(policy.vocab.vocab_to_action(np.int64(chosen)))})  # fmt: skip
-        if chosen == policy.vocab.end_id:
-            break
-        if not vc.done(state):
-            state = vc.constraint.advance(state, steps[-1]["action_id"])
-        one = torch.ones(1, 1, dtype=torch.bool)
-        ids = torch.cat([ids, torch.tensor([[chosen]])], dim=1)
-        valid, ar = torch.cat([valid, one], dim=1), torch.cat([ar, torch.ones(1, 1, dtype=torch.long)], dim=1)
-        pos = torch.cat([pos, pos[:, -1:] + 1], dim=1)
-        slots = torch.cat([slots, torch.zeros(1, 1, dtype=torch.bool)], dim=1)
+
+    generate(policy.model, prompt[SEQUENCE], vocab=policy.vocab, constraint=policy.constraint,
+             images=prompt.get("images"), max_new_tokens=policy.max_new_tokens, temperature=0.0, trace=record)  # fmt: skip
     return steps
 
 

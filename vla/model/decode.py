@@ -34,6 +34,7 @@ applied (a variable-length FAST chunk is scored like a fixed-length one).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,6 +114,7 @@ def generate(
     generator: torch.Generator | None = None,
     lean: bool = True,
     num_beams: int = 1,
+    trace: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> Generation:
     """Generate action ids after a left-padded ``prompt`` (``SequenceLayout.build_prefix``) for every row.
 
@@ -122,6 +124,9 @@ def generate(
     ``lean``: with the cache, run the steps after the prefill through ``LeanSteps`` where the backbone allows it.
     A prompt with query slots (parallel decoding) is decoded in one forward pass (``steps`` = 1).
     ``num_beams``: > 1 runs beam search with that many hypotheses per row (greedy, so ``temperature`` must be 0).
+    ``trace(step, logits, token)``: called at every step (a parallel prompt: every slot, in the order its ids are
+    picked) with the ``[B, V]`` logits after the constraint's mask (-inf where an id may not come) and the ``[B]``
+    ids chosen; ``vla inspect`` draws its decoding steps from it. Not with beam search.
     """
     vc = VocabConstraint(constraint, vocab) if isinstance(constraint, Constraint) else constraint
     if temperature < 0 or not 0 < top_p <= 1:
@@ -134,8 +139,10 @@ def generate(
             "beam search (num_beams > 1) keeps the most probable chunks, so it needs temperature 0 and step-by-step "
             f"decoding; got temperature {temperature}" + (" and a parallel prompt (query slots)" if parallel else "")
         )
+    if trace is not None and num_beams > 1:
+        raise ValueError("trace follows one hypothesis per row; use num_beams=1 with it")
     if parallel:  # parallel decoding: one forward pass, whatever max_new_tokens says
-        return _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean)
+        return _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean, trace)
     if max_new_tokens is None:
         if vc is None:
             raise ValueError("max_new_tokens is required without a constraint (e.g. the constraint's max_length + 1)")
@@ -151,7 +158,7 @@ def generate(
     whole = LeanSteps.threads_for(model, rows=prompt.input_ids.numel()) if lean else None
     with _intra_op_threads(whole):
         return _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator,
-                       lean, num_beams)  # fmt: skip
+                       lean, num_beams, trace)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -220,7 +227,7 @@ def _repeat_rows(prompt: Sequence, k: int) -> Sequence:
 
 
 def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator, lean,
-            num_beams=1):  # fmt: skip
+            num_beams=1, trace=None):  # fmt: skip
     """``generate`` after its checks: prefill, then one token per step (lean, transformers' cache, or recomputed);
     with ``num_beams`` > 1 every row runs as that many hypotheses, the cache following the survivors of each step."""
     device = model.device
@@ -269,6 +276,8 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
                     cache.reorder_cache(rows)
                 done = finished | beams.dead
             token = token.masked_fill(done, pad)
+            if trace is not None:
+                trace(step, allowed, token)
             picked = torch.log_softmax(allowed.float(), dim=-1).gather(1, token[:, None]).squeeze(1)
             log_prob += torch.where(done, 0.0, picked)
             tokens[:, step] = token
@@ -306,7 +315,7 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
     return gen
 
 
-def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean) -> Generation:
+def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean, trace=None) -> Generation:
     """One forward pass over prompt + query slots, then the slots' ids picked in order under the constraint."""
     device = model.device
     prompt = prompt.to(device)
@@ -331,7 +340,10 @@ def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, gener
     states = [vc.start() for _ in range(b)] if vc is not None else None
     tokens = torch.empty(b, n, dtype=torch.long, device=device)
     for i in range(n):  # no model call here: each slot's mask follows the ids picked before it
-        tokens[:, i] = sample(_allowed(logits[:, i], vc, states, vocab), temperature, top_p, generator)
+        allowed = _allowed(logits[:, i], vc, states, vocab)
+        tokens[:, i] = sample(allowed, temperature, top_p, generator)
+        if trace is not None:
+            trace(i, allowed, tokens[:, i])
         if vc is not None:
             vc.advance_batch(states, tokens[:, i], range(b))
     tokens = tokens.cpu()
