@@ -16,7 +16,7 @@ import torch
 
 from vla.execution import StateHistory
 from vla.policy.images import camera_image
-from vla.policy.pipeline import checked_state
+from vla.policy.checks import checked_state
 
 MAX_TASK_CHARS = 1000
 MAX_IMAGE_SIDE = 4096
