@@ -73,3 +73,12 @@ def test_committed_gifs_stay_small():
         gifs = sorted(RESULTS.rglob("*.gif"))
     big = {p.relative_to(RESULTS).as_posix(): p.stat().st_size for p in gifs if p.stat().st_size > 300_000}
     assert not big, f"GIFs above 300 kB (keep fewer frames or colours): {big}"
+
+
+def test_the_command_names_no_machine_folder(tmp_path):
+    from vla.provenance import portable_command
+
+    here = tmp_path / "vla"
+    argv = [str(here / "vla" / "cli.py"), "study", "run", f"--out={here / 'results'}", str(tmp_path / "old"), "-x"]
+    assert portable_command(argv, here) == ["vla/cli.py", "study", "run", "--out=results", "../old", "-x"]
+    assert not any(arg.partition("=")[2 if arg.startswith("--") else 0].startswith("/") for arg in provenance(command=argv)["command"])

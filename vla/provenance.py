@@ -78,6 +78,19 @@ def dataset_fingerprint(root: str | Path) -> dict[str, Any]:
     return {"sha256": digest.hexdigest(), "files": len(files), "name": root.name, "json": "sorted keys"}
 
 
+def portable_command(argv: list[str], cwd: str | Path | None = None) -> list[str]:
+    """The command line with every absolute path written relative to the working folder (``/home/me/vla/vla/cli.py``
+    -> ``vla/cli.py``, a sibling checkout -> ``../old``): what produced a file, without one machine's folders."""
+    base = Path(cwd) if cwd is not None else Path.cwd()
+    out = []
+    for arg in map(str, argv):
+        key, eq, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+        if os.path.isabs(value):
+            value = os.path.relpath(value, base)
+        out.append(f"{key}{eq}{value}")
+    return out
+
+
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     """Installed versions of the packages that change numerics (absent ones are left out)."""
     versions = {"python": platform.python_version()}
@@ -106,7 +119,7 @@ def provenance(
         "format": FORMAT,
         "commit": commit,
         "dirty": dirty,
-        "command": list(sys.argv if command is None else command),
+        "command": portable_command(sys.argv if command is None else command),
         "config": config,
         "packages": package_versions(),
         "threads": torch.get_num_threads(),
