@@ -41,7 +41,7 @@ def measure(policy: VLAPolicy, dataset: str | Path, starts: int = 40, batch: int
         for name, change in (("real", lambda x: x), ("blank", torch.zeros_like), ("noise", torch.rand_like)):
             losses[name] = float(policy.forward({**samples, **{k: change(samples[k]) for k in keys}})[0])
         images = run(policy.pipeline.measuring, samples)[IMAGES]
-        tokens = policy.model.backbone.model.get_image_features(policy.model.pixel_values(images)).pooler_output
+        tokens = policy.model.image_features(images)
     first = np.flatnonzero(ds._frames["frame_in_episode"] == 0)[:starts]
     predicted, expert = [], []
     for i in first:

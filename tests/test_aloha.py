@@ -161,7 +161,7 @@ def test_missing_models_say_how_to_install(monkeypatch):
 
 
 def test_the_closed_loop_table_reads_every_listed_run(tmp_path):
-    """scripts/aloha_table.py on the committed results: one row per run in runs.json, each figure from its file."""
+    """scripts/aloha_table.py on the committed results: one row per run in runs.json, each figure from its evaluation."""
     repo = Path(__file__).parents[1]
     runs = json.loads((repo / "results/aloha/runs.json").read_text())["runs"]
     done = subprocess.run([sys.executable, str(repo / "scripts/aloha_table.py"), "--out", str(tmp_path),
@@ -171,8 +171,9 @@ def test_the_closed_loop_table_reads_every_listed_run(tmp_path):
             not line.startswith("| task") and not line.startswith("| ---")]  # fmt: skip
     assert len(rows) == len(runs)
     for run, row in zip(runs, rows):
-        info = json.loads((repo / "results/aloha" / run["file"]).read_text())
-        assert row.startswith(f"| {info['env'].split('/')[1]} | {run['tokenizer']} | {run['demos']} |")
+        info = run["evaluation"]
+        assert row.startswith(f"| {info['env'].split('/')[1]} | {run['tokenizer']}")
+        assert f" | {run['demos']} | {run['steps']:,} | " in row
         seeds = "" if info["seed_start"] == EVAL_SEED_START else f" from seed {info['seed_start']:,}"
         assert row.endswith(f"| {info['success_rate']:.1%} ({info['episodes']} ep{seeds}) |")
     assert (tmp_path / "closed_loop.png").stat().st_size > 10_000

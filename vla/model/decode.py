@@ -246,7 +246,7 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
     ones = torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)
     tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
 
-    lean_steps = LeanSteps(model, prompt, max_new_tokens) if lean else None
+    lean_steps = model.lean_steps(prompt, max_new_tokens) if lean else None
     if lean_steps is not None:
         with _intra_op_threads(LeanSteps.threads_for(model, rows=prompt.input_ids.numel())):
             logits = model.logits(lean_steps.prefill(prompt, images))  # [B, V]
@@ -330,7 +330,7 @@ def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, gener
     b = len(prompt)
     if lean and LeanSteps.supports(model):
         with _intra_op_threads(LeanSteps.threads_for(model, rows=prompt.input_ids.numel())):
-            hidden = LeanSteps(model, prompt, 0).prefill(prompt, images, last=n)  # [B, n, H]
+            hidden = model.lean_steps(prompt, 0).prefill(prompt, images, last=n)  # [B, n, H]
     else:
         out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
                     images=images, state=prompt.state, state_slots=prompt.state_slots, query_slots=slots)  # fmt: skip

@@ -49,10 +49,10 @@ class LeanSteps:
     FUSE_MAX_BYTES = 64 * 2**20  # fused copies of the projections are kept only while they cost less than this
 
     def __init__(self, model, prompt: Sequence, max_new_tokens: int):
-        lm = model.backbone.model.language_model
+        lm = model.text_model
         b, lp = prompt.input_ids.shape
         self.model = model
-        self.embed = model.backbone.get_input_embeddings()
+        self.embed = model.token_embeddings()
         self.rotary = lm.rotary_emb
         self.layers = list(lm.layers)
         self.heads, self.kv_heads = lm.config.num_attention_heads, lm.config.num_key_value_heads
@@ -95,7 +95,7 @@ class LeanSteps:
         (``training=True``: in either mode, for ``suffix_hidden``); anything else takes the transformers path
         (Gemma 2's soft-capping and sliding windows are not written here)."""
         try:
-            lm = model.backbone.model.language_model
+            lm = model.text_model
             layers = list(lm.layers)
         except AttributeError:
             return False
@@ -117,7 +117,7 @@ class LeanSteps:
         """Intra-op threads for a lean phase over ``rows`` token rows on ``model``'s device (None: torch's setting)."""
         if model.device.type != "cpu" or torch.get_num_threads() == 1:
             return None
-        text = model.backbone.config.text_config
+        text = model.text_config
         return 1 if rows * text.hidden_size * text.intermediate_size <= LeanSteps.SINGLE_THREAD_MACS else None
 
     def prefill(self, prompt: Sequence, images: torch.Tensor | None, last: int = 0) -> torch.Tensor:
@@ -207,15 +207,15 @@ def embed_sequence(model, seq: Sequence, images: torch.Tensor | None) -> torch.T
     by sqrt(H)), the state encoder's and the query slots' where the sequence marks them, the image features at the
     placeholders."""
     ids = seq.input_ids.to(model.device)
-    embed = model.backbone.get_input_embeddings()
-    image_id = model.backbone.config.image_token_id
+    embed = model.token_embeddings()
+    image_id = model.image_token_id
     placeholders = ids == image_id
     if bool(seq.state_slots.any()) or bool(seq.query_slots.any()):
         x = model.embed_inputs(ids, seq.state, seq.state_slots, seq.query_slots)
     else:
         x = embed(ids.masked_fill(placeholders, 0) if image_id >= embed.num_embeddings else ids)
     if images is not None:
-        features = model.backbone.model.get_image_features(model.pixel_values(images)).pooler_output
+        features = model.image_features(images)
         if features.shape[0] * features.shape[1] != int(placeholders.sum()):
             raise ValueError(
                 f"{int(placeholders.sum())} image placeholders for {features.shape[0]} images of "
@@ -240,7 +240,7 @@ def suffix_hidden(model, seq: Sequence, images: torch.Tensor | None = None) -> t
     other position. The arithmetic is transformers' Gemma layer's (``tests/test_model.py`` compares the loss and
     every gradient); only the order of some sums differs.
     """
-    lm = model.backbone.model.language_model
+    lm = model.text_model
     x = embed_sequence(model, seq, images)  # [B, L, H]
     valid = seq.valid.to(model.device).reshape(-1)
     rows = valid.nonzero().squeeze(1)  # [N]: the valid tokens of the flattened [B * L] batch

@@ -207,6 +207,31 @@ class PrefixLM(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    # --- the parts its lean path runs (vla.model.lean), named by their role -------------------------------------
+    @property
+    def text_model(self) -> nn.Module:
+        """The Gemma decoder (its ``layers``, ``norm`` and ``rotary_emb``)."""
+        return self.backbone.model.language_model
+
+    @property
+    def text_config(self):
+        return self.backbone.config.text_config
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.backbone.config.image_token_id)
+
+    def token_embeddings(self) -> nn.Embedding:
+        return self.backbone.get_input_embeddings()
+
+    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+        """``[B, N, 3, H, W]`` in [0, 1] -> ``[B * N, image_tokens, H]``: the vision tower's tokens, projected."""
+        return self.backbone.model.get_image_features(self.pixel_values(images)).pooler_output
+
+    def lean_steps(self, prompt: Sequence, max_new_tokens: int) -> LeanSteps:
+        """The fast decoding path for ``prompt``: prefill, then one step per id on a static KV cache."""
+        return LeanSteps(self, prompt, max_new_tokens)
+
     # --- inputs --------------------------------------------------------------------------------------------
     def pixel_values(self, images: torch.Tensor) -> torch.Tensor:
         """``[B, N, 3, H, W]`` floats in [0, 1] -> ``[B * N, 3, S, S]`` in [-1, 1] (SigLIP's range), resized to S."""
