@@ -7,7 +7,8 @@
 
 A simulator family is one module that calls ``register(Family(...))`` (``vla.sim.metaworld_env`` for Meta-World);
 recording (``vla.sim.record``), rollouts (``vla.sim.rollout``), evaluation and the CLI only use what is here, so
-a new simulator adds one module and one line in ``_FAMILY_MODULES``.
+a new simulator adds one module and one line in ``_FAMILY_MODULES``; its env subclasses ``Episode``, the step loop
+every simulator shares (the seed, the action check, the step count and the episode's end, the renderer's release).
 
 Seeds: training recordings draw layouts from seeds ``TRAIN_SEED_START`` upward, evaluation from
 ``EVAL_SEED_START`` upward; ``record`` refuses seeds that would reach the evaluation range.
@@ -123,6 +124,48 @@ def checked_action(action: Any, action_dim: int, running: bool, what: str) -> An
     if not np.all(np.isfinite(action)):
         raise ValueError(f"action has non-finite values: {action}")
     return action
+
+
+class Episode:
+    """What every simulator's step loop shares, written once: an episode begun from a checked seed (``begin``), each
+    action checked while one runs (``checked``), its end counted (``end_step``: success, failure or the step limit),
+    and the renderer released by ``close`` (also as ``with env: ...``). A simulator sets ``max_steps`` and, when it
+    renders, ``_renderer``."""
+
+    max_steps: int
+    _renderer: Any = None
+    _steps: int = 0
+    _done: bool = True
+
+    def begin(self, seed: int) -> int:
+        """Start counting a new episode; ``seed`` as a non-negative int, or a ``ValueError``."""
+        if seed is None or int(seed) < 0:
+            raise ValueError(f"reset needs a non-negative integer seed, got {seed!r}")
+        self._steps, self._done = 0, False
+        return int(seed)
+
+    def checked(self, action: Any, action_dim: int, what: str) -> Any:
+        return checked_action(action, action_dim, not self._done, what)
+
+    def end_step(self, success: bool, failed: bool = False, cut: bool = False) -> tuple[bool, bool]:
+        """Count one step; returns ``(done, truncated)``: truncated at the step limit (or when the simulator ``cut``
+        the episode itself), done at success, failure or truncation."""
+        self._steps += 1
+        truncated = bool(cut) or self._steps >= self.max_steps
+        self._done = bool(success or failed or truncated)
+        return self._done, truncated
+
+    def close(self) -> None:
+        """Release the renderer (EGL contexts left to interpreter teardown print errors)."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def env_names(spec: str) -> list[str]:

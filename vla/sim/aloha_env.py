@@ -46,7 +46,7 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 
 from vla.data.reader import IMAGE_PREFIX
 from vla.names import check_name
-from vla.sim import checked_action, checked_max_steps
+from vla.sim import Episode, checked_max_steps
 from vla.sim.render import checked_cameras, fast_renderer
 
 FPS = 50
@@ -239,7 +239,7 @@ def joint_state(data) -> np.ndarray:
     return np.concatenate([q[0:6], [normalize_gripper(q[6])], q[8:14], [normalize_gripper(q[14])]])
 
 
-class AlohaEnv:
+class AlohaEnv(Episode):
     """One ALOHA task in joint space, reset per seed, rendering the cameras in ``image_keys`` (module docstring);
     ``observation`` is the state convention, ``"privileged"`` (joints and object poses) or ``"proprio"`` (joints).
 
@@ -282,8 +282,6 @@ class AlohaEnv:
         self.action_high = np.insert(arm[:, 1], [6, 12], 1.0)
         self._cameras = [k.removeprefix(IMAGE_PREFIX) for k in self.image_keys]
         self._renderer = self._make_renderer() if self.image_keys else None
-        self._steps = 0
-        self._done = True
         self.clipped_steps = 0  # actions of this episode with a value outside the bounds (clipped)
         self.last_frames: dict[str, np.ndarray] = {}  # camera key -> uint8 [H, W, 3] behind the latest observation
 
@@ -306,42 +304,24 @@ class AlohaEnv:
         """Start an episode with the object pose(s) of ``seed`` (``sample_objects``); return the first observation."""
         import mujoco
 
-        if seed is None or int(seed) < 0:
-            raise ValueError(f"reset needs a non-negative integer seed, got {seed!r}")
-        reset_scene(self.model, self.data, self.task, sample_objects(self.task, int(seed)))
+        reset_scene(self.model, self.data, self.task, sample_objects(self.task, self.begin(seed)))
         self.data.ctrl[:] = START_ARM_POSE  # hold the start pose
         mujoco.mj_forward(self.model, self.data)
-        self._steps = 0
-        self._done = False
         self.clipped_steps = 0
         return self._observe()
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Apply one action (float [14], clipped to the bounds) for 0.02 s; return ``(obs, reward, done, info)``."""
-        action = checked_action(action, ACTION_DIM, not self._done, "ALOHA actions (6 joints + gripper per arm)")
+        action = self.checked(action, ACTION_DIM, "ALOHA actions (6 joints + gripper per arm)")
         clipped = np.clip(action, self.action_low, self.action_high)
         self.clipped_steps += int(np.any(clipped != action))
         left, right = unnormalize_gripper(clipped[6]), unnormalize_gripper(clipped[13])
         self.data.ctrl[:] = np.concatenate([clipped[0:6], [left, -left], clipped[7:13], [right, -right]])
         advance(self.model, self.data, self._substeps)
-        self._steps += 1
         reward = self._stages(self.data)
         success = reward == MAX_REWARD
-        truncated = self._steps >= self.max_steps
-        self._done = success or truncated
-        return self._observe(), float(reward), self._done, {"success": success, "truncated": truncated}
-
-    def close(self) -> None:
-        """Release the renderer (EGL contexts left to interpreter teardown print errors)."""
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
-
-    def __enter__(self) -> AlohaEnv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        done, truncated = self.end_step(success)
+        return self._observe(), float(reward), done, {"success": success, "truncated": truncated}
 
     # -- helpers ---------------------------------------------------------------------------------
 

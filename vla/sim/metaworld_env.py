@@ -44,7 +44,7 @@ from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
 from vla.data.reader import IMAGE_PREFIX
 from vla.names import check_name
-from vla.sim import Family, checked_action, checked_max_steps, register
+from vla.sim import Episode, Family, checked_max_steps, register
 from vla.sim.render import checked_cameras, close_at_exit, fast_renderer, offscreen_error
 
 ACTION_DIM = 4
@@ -139,7 +139,7 @@ def _load_lerobot_task_text() -> dict[str, str]:
     return {}
 
 
-class MetaWorldEnv:
+class MetaWorldEnv(Episode):
     """One Meta-World MT1 task (goal observable), reset per seed, rendering the cameras in ``image_keys``.
 
     The ``vla.sim.Env`` interface: ``reset(seed) -> obs``; ``step(action) -> (obs, reward, done, info)`` where
@@ -199,8 +199,6 @@ class MetaWorldEnv:
             self._renderer = self._make_lerobot_renderer()
         elif self.image_keys:
             self._renderer = self._make_renderer(self.image_size, [k.removeprefix(IMAGE_PREFIX) for k in self.image_keys])
-        self._steps = 0
-        self._done = True
         self.last_frames: dict[str, np.ndarray] = {}  # camera key -> uint8 [H, W, 3] behind the latest observation
 
     @property
@@ -221,36 +219,21 @@ class MetaWorldEnv:
 
     def reset(self, seed: int) -> dict[str, Any]:
         """Start an episode on the layout of ``seed``; return the first observation."""
-        if seed is None or int(seed) < 0:
-            raise ValueError(f"reset needs a non-negative integer seed, got {seed!r}")
-        self._env.seed(int(seed))  # the layout comes from env.np_random (seeded_rand_vec above)
+        self._env.seed(self.begin(seed))  # the layout comes from env.np_random (seeded_rand_vec above)
         raw, _ = self._env.reset()
-        self._steps = 0
-        self._done = False
         return self._observe(raw)
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Apply one action (float [4], clipped to [-1, 1]); return ``(obs, reward, done, info)``."""
-        action = checked_action(action, ACTION_DIM, not self._done, "Meta-World actions")
-        raw, reward, _, truncated, info = self._env.step(np.clip(action, -1.0, 1.0))
-        self._steps += 1
+        action = self.checked(action, ACTION_DIM, "Meta-World actions")
+        raw, reward, _, cut, info = self._env.step(np.clip(action, -1.0, 1.0))
         success = bool(info.get("success", 0.0))
-        truncated = bool(truncated) or self._steps >= self.max_steps
-        self._done = success or truncated
-        return self._observe(raw), float(reward), self._done, {"success": success, "truncated": truncated}
+        done, truncated = self.end_step(success, cut=bool(cut))
+        return self._observe(raw), float(reward), done, {"success": success, "truncated": truncated}
 
     def close(self) -> None:
-        """Release the renderer (EGL contexts left to interpreter teardown print errors)."""
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
+        super().close()
         self._env.close()
-
-    def __enter__(self) -> MetaWorldEnv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- helpers ---------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import numpy as np
 from lerobot.utils.constants import ACTION, OBS_STATE
 
 from vla.names import check_name
-from vla.sim import Family, checked_action, register
+from vla.sim import Episode, Family, checked_max_steps, register
 
 TASKS = ("obstacle",)
 TASK_TEXT = "go around the obstacle to the goal"
@@ -78,7 +78,7 @@ def side_of(positions: np.ndarray, center=OBSTACLE_CENTER) -> str:
     return "left" if positions[above[0], 0] < center[0] else "right"
 
 
-class ToyObstacleEnv:
+class ToyObstacleEnv(Episode):
     """The ``toy/obstacle`` task (module docstring): the ``vla.sim.Env`` interface, state only."""
 
     action_dim = ACTION_DIM
@@ -93,9 +93,7 @@ class ToyObstacleEnv:
                              f"(got {list(image_keys)})")  # fmt: skip
         self.name = f"toy/{self.task}"
         self.task_text = TASK_TEXT
-        self.max_steps = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        self.max_steps = checked_max_steps(max_steps, DEFAULT_MAX_STEPS)
         self.features: dict[str, dict] = {
             OBS_STATE: {"dtype": "float32", "shape": (len(STATE_NAMES),), "names": STATE_NAMES},
             ACTION: {"dtype": "float32", "shape": (ACTION_DIM,), "names": ACTION_NAMES},
@@ -103,37 +101,25 @@ class ToyObstacleEnv:
         self.last_frames: dict[str, Any] = {}  # no cameras
         self.position = np.zeros(2)
         self.goal = np.asarray(GOAL, dtype=np.float64)
-        self._steps = 0
-        self._done = True
 
     def reset(self, seed: int) -> dict[str, Any]:
         """Start an episode from the start of ``seed``; return the first observation."""
-        if seed is None or int(seed) < 0:
-            raise ValueError(f"reset needs a non-negative integer seed, got {seed!r}")
-        rng = np.random.default_rng([int(seed), 0x70E])
+        rng = np.random.default_rng([self.begin(seed), 0x70E])
         self.position = np.asarray(START) + rng.uniform(-JITTER, JITTER, 2)
-
-        self._steps = 0
-        self._done = False
         return self._observe()
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Move by ``STEP * clip(action)``; return ``(obs, reward, done, info)`` (info: success, collision, truncated)."""
-        action = checked_action(action, ACTION_DIM, not self._done, "toy actions (a velocity)")
+        action = self.checked(action, ACTION_DIM, "toy actions (a velocity)")
         start = self.position
         end = np.clip(start + STEP * np.clip(action, -1.0, 1.0), -1.0, 1.0)
         hit = segment_hits_disc(start, end)
         collision = hit is not None
         self.position = start + hit * (end - start) if collision else end
-        self._steps += 1
         success = not collision and bool(np.linalg.norm(self.position - self.goal) <= GOAL_RADIUS)
-        truncated = not (success or collision) and self._steps >= self.max_steps
-        self._done = success or collision or truncated
+        done, truncated = self.end_step(success, failed=collision)
         reward = 1.0 if success else -1.0 if collision else 0.0
-        return self._observe(), reward, self._done, {"success": success, "collision": collision, "truncated": truncated}
-
-    def close(self) -> None:
-        pass
+        return self._observe(), reward, done, {"success": success, "collision": collision, "truncated": truncated}
 
     def _observe(self) -> dict[str, Any]:
         return {OBS_STATE: self.position.astype(np.float32), "task": self.task_text}
