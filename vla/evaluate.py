@@ -82,7 +82,6 @@ class ChunkPolicy:
         return np.asarray(times)
 
 
-
 def training_recording(policy_dir: str | Path) -> dict[str, Any]:
     """How the policy's training data was recorded (``meta/recording.json`` of the dataset in the run's
     ``train_config.json``), so that ``vla eval`` gives the policy the observation it was trained on, rendered at the

@@ -26,7 +26,6 @@ from vla.io import atomic_directory
 from vla.provenance import provenance
 
 
-
 def fit_tokenizer(
     root: str | Path,
     out_dir: str | Path,

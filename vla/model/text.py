@@ -151,7 +151,6 @@ class LocalTextTokenizer:
         shutil.copyfile(self.path, directory / "tokenizer.json")
 
 
-
 def clean_task(task: str) -> str:
     """openpi's task normalisation: strip, lower-case, ``_`` -> space, one line."""
     return " ".join(str(task).strip().lower().replace("_", " ").split())
