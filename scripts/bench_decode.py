@@ -43,6 +43,7 @@ import torch
 import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 from vla.model.decode import VocabConstraint, fixed_chunk_length, generate
+from vla.provenance import processor_name
 from vla.model.prefix_lm import build_model
 from vla.model.sequence import SequenceLayout
 from vla.model.vocab import VocabMap
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "machine": platform.machine(),
-            "processor": platform.processor(),
+            "processor": processor_name(),
             "time_horizon": args.time_horizon,
             "action_dim": args.action_dim,
             "state_dim": args.state_dim,

@@ -102,6 +102,18 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     return versions
 
 
+def processor_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; else ``platform.processor()``, often empty on Linux): speed figures
+    from two machines are comparable only when it matches."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def provenance(
     *,
     config: dict[str, Any] | None = None,
@@ -125,6 +137,7 @@ def provenance(
         "threads": torch.get_num_threads(),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "cpus": os.cpu_count(),
+        "processor": processor_name(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if dataset is not None or fingerprint is not None:
