@@ -43,7 +43,7 @@ import torch
 import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 from vla.model.decode import VocabConstraint, fixed_chunk_length, generate
-from vla.provenance import processor_name
+from vla.provenance import processor_name, provenance
 from vla.model.prefix_lm import build_model
 from vla.model.sequence import SequenceLayout
 from vla.model.vocab import VocabMap
@@ -408,6 +408,7 @@ def main(argv: list[str] | None = None) -> None:
         "split": [r for r in rows if r.get("split")],
         "policy": policy_rows,
         "summary": summarise(rows),
+        "provenance": provenance(config={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(args.out.suffix + ".tmp")
@@ -419,7 +420,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def write_wide(args) -> None:
     from vla.io import atomic_write_text, write_json
-    from vla.provenance import provenance
 
     reps = args.reps or 20
     rows = bench_wide(args.wide or list(WIDE), args.wide_threads, reps)
@@ -431,7 +431,7 @@ def write_wide(args) -> None:
     record["wide"] = rows
     kept = sorted(set(record) - {"wide", "wide_meta", "provenance"})
     record["provenance"] = provenance(config={"wide": WIDE, "threads": args.wide_threads, "reps": reps},
-                                      sections_from_an_earlier_run=kept)  # fmt: skip
+                                      sections_from_an_earlier_run=kept, earlier_run=record.get("provenance"))  # fmt: skip
     write_json(args.out, record)
     lines = ["# Decoding latency per robot width (`scripts/bench_decode.py --wide`)", "",
              f"tiny, batch 1, state only (one embedding), FAST, greedy under the constraint, the lean loop, {reps} "

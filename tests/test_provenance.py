@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vla.provenance import REQUIRED, check, dataset_fingerprint, provenance
+from vla.provenance import REQUIRED, check, dataset_fingerprint, git_state, provenance
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 UNTRACED = RESULTS / "UNTRACED.txt"
@@ -83,3 +83,23 @@ def test_the_command_names_no_machine_folder(tmp_path):
     argv = [str(here / "vla" / "cli.py"), "study", "run", f"--out={here / 'results'}", str(tmp_path / "old"), "-x"]
     assert portable_command(argv, here) == ["vla/cli.py", "study", "run", "--out=results", "../old", "-x"]
     assert not any(arg.partition("=")[2 if arg.startswith("--") else 0].startswith("/") for arg in provenance(command=argv)["command"])
+
+
+def test_dirty_means_code_changed_not_results_or_pages(tmp_path):
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    files = {"train.py": "x = 1\n", "results/bench.json": "{}\n", "README.md": "# a\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    assert git_state(tmp_path)[1] is False
+    (tmp_path / "results/bench.json").write_text('{"p50": 1}\n')  # a benchmark rewrote its own results file
+    (tmp_path / "README.md").write_text("# b\n")
+    assert git_state(tmp_path)[1] is False
+    (tmp_path / "train.py").write_text("x = 2\n")
+    commit, dirty = git_state(tmp_path)
+    assert dirty is True and len(commit) == 40

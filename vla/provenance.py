@@ -29,13 +29,16 @@ _BIG_FILE = 64 << 20  # files above this are fingerprinted by size, head and tai
 
 def git_state(path: str | Path | None = None) -> tuple[str, bool]:
     """The commit the code at ``path`` (default: this package) was run from, and whether it had uncommitted
-    changes to tracked files. ``("unknown", False)`` outside a git checkout (an installed wheel)."""
+    changes to tracked files that run: measured results (``results/``) and Markdown pages do not count, so a
+    benchmark that rewrites its own results file, or two that share one, still traces to a clean commit.
+    ``("unknown", False)`` outside a git checkout (an installed wheel)."""
     where = Path(path) if path is not None else Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
             return "unknown", False
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                                 ":(top,exclude)results", ":(top,exclude,glob)**/*.md"], cwd=where,
                                 capture_output=True, text=True, timeout=30)  # fmt: skip
         return commit.stdout.strip(), bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):
