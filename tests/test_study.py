@@ -3,13 +3,16 @@ resumed; determinism (same seed, threads and data: the same weights and the same
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from vla.cli import build_parser
 from vla.cli import main as cli
+from vla.sim import env_names
 from vla.study import aggregate, compare, load_study, wilson
 from vla.study.report import rewrite
 from vla.study.runner import run_study
@@ -67,6 +70,16 @@ def test_study_file_errors_name_the_key(tmp_path):
         with pytest.raises(ValueError, match=message):
             load_study(_write(tmp_path / f"bad{i}.yaml", text))
     assert cli(["study", "run", str(tmp_path / "missing.yaml")]) == 1
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "configs" / "studies").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_committed_studies_record_and_evaluate_environments_that_exist(path):
+    study = load_study(path)
+    if study.record is not None:  # what the runner passes to `vla data record` when the dataset is missing
+        args = build_parser(["data"]).parse_args(["data", "record", *study.record, "--root", "unused"])
+        assert env_names(f"{args.env}/{args.task}")
+    assert env_names(f"{study.eval['env']}/{study.eval['task']}")
 
 
 def test_a_micro_study_runs_stops_and_resumes(tiny_dataset_root, tmp_path):
