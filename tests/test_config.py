@@ -76,6 +76,11 @@ def test_validation_names_the_value(kwargs, message):
         TrainConfig(**kwargs)
 
 
+def test_mixed_precision_no_on_the_command_line_is_no():
+    assert load_config(None, ["--mixed_precision=no"]).mixed_precision == "no"  # not YAML's false
+    assert load_config(None, ["--mixed_precision=bf16"]).mixed_precision == "bf16"
+
+
 def test_one_tokenizer_choice_for_train_compare_fit_and_lerobot():
     """`--tokenizer.type=bin --tokenizer.n_bins=32`, `vla compare --tokenizers bin:n_bins=32` and LeRobot's
     `--policy.action_tokenizer_type=bin:n_bins=32` name the same choice, and fit the same tokenizer."""

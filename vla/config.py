@@ -74,6 +74,8 @@ class TrainConfig:
         return defaults.resolve(self, info, log=log)
 
     def __post_init__(self) -> None:
+        if self.mixed_precision in (False, "False", "false"):  # YAML reads a bare `--mixed_precision=no` as false
+            self.mixed_precision = "no"
         checks = [
             (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
