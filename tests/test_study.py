@@ -151,3 +151,24 @@ def test_same_seed_threads_and_data_give_the_same_weights_and_evaluation(tiny_da
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     for key in ("successes", "returns", "lengths"):
         assert reports[0][key] == reports[1][key]
+
+
+def test_a_multi_task_study_pools_its_tasks_and_reports_each(tiny_dataset_root, tmp_path):
+    study = load_study(_write(tmp_path / "tasks.yaml", f"""
+name: tasks
+dataset: {tiny_dataset_root}
+config: configs/debug.yaml
+train: {json.dumps(MICRO)}
+tokenizers: {{bin: [--tokenizer.type=bin, --tokenizer.n_bins=32]}}
+seeds: [0]
+eval: {{env: metaworld, task: "push-v3,reach-v3", episodes: 2, args: [--max-steps, "4", --num-envs, "2"]}}
+workers: 1
+"""))
+    summary = run_study(study, work=tmp_path / "work", results=tmp_path / "results", allow_dirty=True, progress=False)
+    run = summary["runs"][0]
+    assert list(run["task_successes"]) == ["push-v3", "reach-v3"]
+    assert run["successes"] == run["task_successes"]["push-v3"] + run["task_successes"]["reach-v3"]
+    assert len(run["successes"]) == 4 and run["episode_seeds"] == [1_000_000, 1_000_001] * 2
+    assert summary["cells"][0]["episodes"] == 4
+    page = (tmp_path / "results" / "README.md").read_text()
+    assert "| setting | tokenizer | push-v3 | reach-v3 |" in page

@@ -78,8 +78,28 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
             pv = "n/a" if p["p_value"] is None else f"{p['p_value']:.3f}"
             lines.append(f"| {p['setting']} | {p['better']} | {p['worse']} | {100 * p['gap']:+.0f} pts | {pv} | "
                          f"{'no verdict (' + p['why'] + ')' if p['p_value'] is None else 'yes' if p['significant'] else 'no'} |")  # fmt: skip
+    lines += task_lines(table, runs)
     lines += ["", "![success per cell](success.png)", ""]
     return "\n".join(lines)
+
+
+def task_lines(table: dict, runs: list[dict[str, Any]]) -> list[str]:
+    """For a multi-task evaluation: each cell's success per task, the mean over training seeds and their range."""
+    tasks = next((list(r["task_successes"]) for r in runs if r.get("task_successes")), None)
+    if not tasks:
+        return []
+    lines = ["", "Per task (mean over training seeds, the seeds' range in brackets):", "",
+             "| setting | tokenizer | " + " | ".join(tasks) + " |", "| --- | --- |" + " --- |" * len(tasks)]  # fmt: skip
+    for setting, tok in table:
+        mine = [r for r in runs if r["setting"] == setting and r["tokenizer"] == tok and r.get("task_successes")]
+        if not mine:
+            continue
+        row = []
+        for task in tasks:
+            c = aggregate([{"seed": r["seed"], "successes": r["task_successes"][task]} for r in mine])
+            row.append(f"{_pct(c['mean'])} ({_pct(c['min'])}-{_pct(c['max'])})")
+        lines.append(f"| {setting} | {tok} | " + " | ".join(row) + " |")
+    return lines
 
 
 def plot(study: Study, table: dict, path: Path) -> None:

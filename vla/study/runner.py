@@ -106,14 +106,16 @@ def execute(study: Study, run: Run, folder: Path, fingerprint: dict[str, Any]) -
                 raise RuntimeError(f"run {run.id}: {stage} failed (exit {done.returncode}); see {folder / 'log.txt'}")
     train_config = json.loads((folder / "train" / "train_config.json").read_text())
     report = json.loads((folder / "eval" / "eval_info.json").read_text())
+    successes, seeds, per_task = _episodes(report)
     record = {
         "id": run.id,
         "setting": run.setting,
         "tokenizer": run.tokenizer,
         "seed": run.seed,
         "overrides": list(run.overrides),
-        "successes": [bool(s) for s in report["successes"]],
-        "episode_seeds": report.get("seeds"),
+        "successes": successes,
+        "episode_seeds": seeds,
+        **({"task_successes": per_task} if per_task else {}),
         "success_rate": report["success_rate"],
         "mean_length": report.get("mean_length"),
         "tokens_per_chunk": report.get("tokens_per_chunk"),
@@ -128,6 +130,16 @@ def execute(study: Study, run: Run, folder: Path, fingerprint: dict[str, Any]) -
     }
     write_json(folder / RUN_FILE, record)
     return record
+
+
+def _episodes(report: dict[str, Any]) -> tuple[list[bool], list[int] | None, dict[str, list[bool]] | None]:
+    """Every evaluation episode's success and seed, a multi-task evaluation's tasks one after another in their order,
+    and (multi-task only) the successes by short task name."""
+    if "tasks" not in report:
+        return [bool(x) for x in report["successes"]], report.get("seeds"), None
+    per_task = {name.split("/")[-1]: [bool(x) for x in t["successes"]] for name, t in report["tasks"].items()}
+    seeds = [seed for t in report["tasks"].values() for seed in t.get("seeds", [])] or None
+    return [x for task in per_task.values() for x in task], seeds, per_task
 
 
 def _read(path: Path) -> Any:
