@@ -188,6 +188,113 @@ def test_garbage_is_answered_with_what_arrived_and_what_to_send():
         ws.close()
 
 
+# --- one client's message cannot stall the others -----------------------------------------------------------------
+def test_a_map_of_600000_keys_is_refused_at_its_header_and_the_other_client_is_answered():
+    """600,000 keys in 7.5 MB (under the 8 MiB limit) took the event loop 0.8 s a message: an 80 Hz robot's p50
+    went from 8 ms to 790 ms. The map's size is refused from its header, before any key is read."""
+    huge = packb({f"k{i:06d}": i for i in range(600_000)})
+    assert 7 * 2**20 < len(huge) < ServeConfig().max_message_bytes
+    with serve() as handle:
+        flooder, robot = connect(handle.port), connect(handle.port, source="127.0.0.2")
+        for _ in range(3):
+            flooder.send(huge)
+        robot.send(packb(obs(np.full(S, 7.0, np.float32))))
+        assert unpackb(robot.recv(timeout=10))["actions"][0, 0] == 7.0
+        for _ in range(3):
+            reply = flooder.recv(timeout=10)
+            expected = "error: the message holds a map of 600000 keys; a map may hold at most 256: send an observation"
+            assert isinstance(reply, str) and reply.startswith(expected), reply
+        s = stats(handle.port)
+        assert s["errors"] == 3 and s["requests"] == 1 and handle.server.stats.batch_sizes == {1: 1}  # none decoded
+        flooder.send(packb(obs(np.full(S, 8.0, np.float32))))  # its connection still serves
+        assert unpackb(flooder.recv(timeout=10))["actions"][0, 0] == 8.0
+        for ws in (flooder, robot):
+            ws.close()
+
+
+@pytest.mark.parametrize(
+    ("message", "match"),
+    [
+        ([0] * 5000, r"a list of 5000 values; a list may hold at most 4096: send arrays as numpy arrays"),
+        ([[0] * 4000] * 20, r"more than 65536 values in its maps and lists; send arrays as numpy arrays"),
+        (b"\x91" * 2000 + b"\x90", r"nests deeper than 8 levels; send a flat map of arrays and strings"),
+    ],
+)
+def test_long_lists_many_values_and_deep_nesting_are_refused_as_they_are_read(message, match):
+    import msgpack
+
+    data = message if isinstance(message, bytes) else msgpack.packb(obs(message))
+    with serve() as handle:
+        ws = connect(handle.port)
+        ws.send(data)
+        reply = ws.recv(timeout=10)
+        assert isinstance(reply, str) and re.search(match, reply), reply
+        assert handle.server.stats.batches == 0  # nothing reached the policy
+        ws.close()
+
+
+def test_reading_a_message_runs_off_the_event_loop_so_a_slow_one_holds_up_only_its_own_connection():
+    """A message held in reading (a large camera image being resized) until the other client has its reply: were it
+    read on the event loop, the other client would wait for it, and both would time out."""
+    release = threading.Event()
+
+    class HeldReader:
+        """The server's reader, holding a message whose prompt is "held" until ``release`` is set."""
+
+        def __init__(self, reader):
+            self.reader = reader
+
+        def __getattr__(self, name):
+            return getattr(self.reader, name)
+
+        def __call__(self, message):
+            if message.get("prompt") == "held":
+                assert release.wait(10), "the other client was never answered while this message was read"
+            return self.reader(message)
+
+    with serve() as handle:
+        handle.server.reader = HeldReader(handle.server.reader)
+        held, other = connect(handle.port), connect(handle.port, source="127.0.0.2")
+        held.send(packb(obs(np.full(S, 1.0, np.float32), prompt="held")))
+        time.sleep(0.2)  # the held message is in its reader
+        other.send(packb(obs(np.full(S, 2.0, np.float32))))
+        assert unpackb(other.recv(timeout=5))["actions"][0, 0] == 2.0  # answered while the first is still read
+        release.set()
+        assert unpackb(held.recv(timeout=10))["actions"][0, 0] == 1.0
+        for ws in (held, other):
+            ws.close()
+
+
+# --- what the server sends ----------------------------------------------------------------------------------------
+def test_a_chunk_holding_nan_is_never_sent_and_the_batchs_other_chunks_are():
+    """``valid: true`` with NaN actions reached the robot (the policy's normaliser held a NaN)."""
+
+    class NanStub(Stub):
+        """The stub, answering NaN for a state whose first value is 99 (as a NaN in a normaliser's scale does)."""
+
+        def predict_action_chunk(self, batch):
+            chunks = super().predict_action_chunk(batch)
+            return chunks.masked_fill(chunks == 99.0, float("nan"))
+
+    server = PolicyServer(NanStub(), ServeConfig(port=0, batch_window_ms=200))  # the two requests: one batch
+    with server.start_in_thread() as handle:
+        bad, good = connect(handle.port), connect(handle.port, source="127.0.0.2")
+        bad.send(packb(obs(np.full(S, 99.0, np.float32))))
+        good.send(packb(obs(np.full(S, 3.0, np.float32))))
+        reply = bad.recv(timeout=10)
+        expected = (
+            "error: the policy produced 18 NaN or inf values in this chunk; none was sent: check the policy's saved "
+            "normaliser statistics, or serve another checkpoint"
+        )
+        assert reply == expected
+        assert unpackb(good.recv(timeout=10))["actions"][0, 0] == 3.0
+        assert handle.server.stats.batch_sizes == {2: 1}
+        s = stats(handle.port)
+        assert s["nonfinite"] == 1 and s["errors"] == 1 and s["requests"] == 1
+        for ws in (bad, good):
+            ws.close()
+
+
 # --- through `vla serve` ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def saved_history_policy(tmp_path_factory) -> Path:
@@ -261,3 +368,21 @@ def test_vla_serve_refuses_a_share_larger_than_the_slots(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "vla serve: error: ServeConfig.max_clients_per_ip = 9 is invalid: use 1..max_clients (4)" in err
     assert list(folder.iterdir()) == []  # nothing written
+
+
+def test_vla_serve_given_a_training_runs_folder_names_the_policy_inside_it(saved_history_policy, capsys):
+    from vla.cli import main
+
+    run = saved_history_policy.parent  # the folder a training run writes its policy/ into
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    assert main(["serve", "--policy", str(run), "--port", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = f"{run} is a training run's folder, not a policy; did you mean --policy {saved_history_policy}?"
+    assert err == [f"vla serve: error: {expected}"]
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing written, nothing served
+    empty = run / "empty"
+    empty.mkdir()
+    assert main(["serve", "--policy", str(empty), "--port", "0"]) == 1
+    expected = f"{empty} holds no saved policy (no config.json); pass the folder a training run wrote"
+    assert expected in capsys.readouterr().err
+    empty.rmdir()

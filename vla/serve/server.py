@@ -32,13 +32,18 @@ first (the robot keeps them at its control rate: ``ChunkExecutor`` does), or one
 keeps the connection's last n states (``ConnectionHistory``: the episode's first repeated until there are n; started
 again by a message with ``"reset": true`` and after ``history_reset_s`` without a message).
 
+Reading: each message is decoded and checked (``codec.unpackb``, ``ObservationReader``: cameras resized) in a small
+pool of reader threads, never on the event loop, and the codec bounds what one message may hold (keys, list
+lengths, values, nesting), so one client's large or many-keyed message cannot stall the others' replies.
+
 Batching: one worker takes every request queued when it becomes free (waiting ``batch_window_ms`` after the first
 for others that arrive together), up to ``max_batch``, and runs them as one ``predict_action_chunk`` call in a worker
 thread, so the event loop keeps reading, answering health checks and timing out requests meanwhile. The queue is
 bounded (``max_queue``: a full queue answers "busy" at once rather than letting latency grow without bound); a
 request that times out or whose client vanished is skipped if not yet decoded and its result dropped if it was; a
 slow reader only ever blocks its own connection. If a batched call raises, its requests are retried one by one so
-that one bad observation fails alone.
+that one bad observation fails alone. A chunk holding NaN or inf is never sent: its request gets an error reply
+(counted as ``nonfinite`` in ``/stats``), the batch's other chunks are sent as usual.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from .settings import ServeConfig, ServerStats
 logger = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
+READ_THREADS = 4  # threads decoding and checking messages, off the event loop
 
 
 @dataclass
@@ -132,6 +138,7 @@ class PolicyServer:
         }
         self._queue: asyncio.Queue[Pending] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # the inference thread, while serving
+        self._readers: concurrent.futures.ThreadPoolExecutor | None = None  # the message readers, while serving
 
     # --- inference (worker thread) -------------------------------------------------------------------------
     def _predict(self, items: list[Item]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,9 +178,17 @@ class PolicyServer:
         infer_ms = (time.perf_counter() - start) * 1000
         self.stats.batches += 1
         self.stats.batch_sizes[len(batch)] += 1
+        finite = np.isfinite(actions).reshape(len(batch), -1).all(axis=1)  # [B]
         for i, p in enumerate(batch):
             if p.future.done():  # timed out, or the client left while this batch decoded
                 self.stats.dropped += 1
+                continue
+            if not finite[i]:  # never sent for execution, valid or not: the robot would act on NaN
+                self.stats.nonfinite += 1
+                logger.warning("the policy produced a chunk holding NaN or inf; answered with an error")
+                p.future.set_exception(RequestError(
+                    f"the policy produced {int((~np.isfinite(actions[i])).sum())} NaN or inf values in this chunk; "
+                    "none was sent: check the policy's saved normaliser statistics, or serve another checkpoint"))
                 continue
             queue_ms = (start - p.queued_at) * 1000
             p.future.set_result(Result(actions[i], bool(valid[i]), int(tokens[i]), infer_ms, queue_ms, len(batch)))
@@ -291,8 +306,8 @@ class PolicyServer:
             raise RequestError(f"received a text frame ({len(message)} characters: {shown}); send observations as "
                                "binary msgpack frames (openpi_client.msgpack_numpy.packb or "
                                "vla.serve.packb)")  # fmt: skip
-        try:
-            item = history(self.reader(unpackb(message)))
+        try:  # in a reader thread: a large message or camera image does not hold the other connections up
+            item = await asyncio.get_running_loop().run_in_executor(self._readers, self._read, message, history)
         except DecodeError as err:
             raise RequestError(str(err)) from None
         future = asyncio.get_running_loop().create_future()
@@ -308,11 +323,16 @@ class PolicyServer:
             self.stats.timeouts += 1
             raise RequestError(f"no result within {self.config.request_timeout_s} s (request timeout)") from None
 
+    def _read(self, message: bytes, history: ConnectionHistory) -> Item:
+        """One message -> its checked ``Item`` (the connection's state history applied); runs in a reader thread."""
+        return history(self.reader(unpackb(message)))
+
     # --- running -------------------------------------------------------------------------------------------
     async def serve(self, started: threading.Event | None = None, stop: asyncio.Event | None = None) -> None:
         """Serve until ``stop`` is set (forever without one)."""
         self._queue = asyncio.Queue(maxsize=self.config.max_queue)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-serve-infer")
+        self._readers = concurrent.futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="vla-serve-read")
         worker = asyncio.create_task(self._worker())
         c = self.config
         async with serve(self._handler, c.host, c.port, process_request=self._process_request, compression=None,
@@ -326,6 +346,7 @@ class PolicyServer:
             finally:
                 worker.cancel()
                 self._pool.shutdown(wait=False)
+                self._readers.shutdown(wait=False)
 
     def run(self) -> None:
         """Serve forever in this thread (Ctrl-C stops it)."""

@@ -66,6 +66,7 @@ class ServerStats:
     timeouts: int = 0
     busy: int = 0  # refused because the queue was full
     dropped: int = 0  # decoded for a client that had gone or timed out
+    nonfinite: int = 0  # chunks holding NaN or inf, answered with an error instead
     batches: int = 0
     batch_sizes: Counter = field(default_factory=Counter)
 
