@@ -76,14 +76,80 @@ def test_bad_input(tiny_dataset_root, tmp_path):
         compare.compare(tiny_dataset_root, tmp_path, tokenizers="bin", time_horizon=100_000)
 
 
-def test_default_horizon_is_capped_at_the_shortest_episode(tiny_dataset_root):
+def test_default_horizon_is_the_chunk_vla_train_chooses(tiny_dataset_root):
+    from vla.config import load_config
+    from vla.data import defaults
     from vla.data.reader import dataset_info
 
     info = dataset_info(tiny_dataset_root)
     messages = []
     t = compare.default_time_horizon(info, messages.append)
-    assert t == min(info.fps, int(np.min(info.episode_lengths)))
-    assert bool(messages) == (info.fps > np.min(info.episode_lengths))
+    trained = defaults.choose(load_config(), info)[0].policy.time_horizon
+    expected = min(round(defaults.CHUNK_SECONDS * info.fps), int(np.max(info.episode_lengths)))
+    assert t == trained == expected
+    assert messages and "as vla train chooses it" in messages[0]
+
+
+def test_compare_ends_with_a_recommendation_at_the_training_chunk(tiny_dataset_root, tmp_path, capsys):
+    from vla.cli import main
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--dataset_root", str(tiny_dataset_root), "--out", str(out), "--tokenizers",
+            "fast bin beast:n_control_points=6", "--episodes-heldout", "0.25"]
+    assert main(argv) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    saved = json.loads((out / "compare.json").read_text())
+    rows, rec = saved["tokenizers"], saved["recommendation"]
+    within = [k for k, r in rows.items() if r["rmse"] <= compare.MAX_RMSE and r["valid_rate_heldout"] == 1.0]
+    assert rec["tokenizer"] == min(within, key=lambda k: rows[k]["tokens_per_chunk_mean"])
+    assert saved["time_horizon"] == 40 and saved["time_horizon_why"] == "the chunk vla train chooses"  # 0.5 s at 80 fps
+    # the answer is last: which tokenizer at which rate and chunk, why, and the command to train with it
+    answer = lines[[i for i, line in enumerate(lines) if line.startswith("recommendation: ")][-1]:]
+    assert answer[0].startswith(f"recommendation: {rec['tokenizer']}, ") and "ids per chunk" in answer[0]
+    assert "T=40 (0.5 s at 80 fps, the chunk vla train chooses)" in answer[0]
+    assert answer[1].startswith("  why: the fewest ids among the") and answer[-1].startswith(
+        f"  next: vla train --dataset_root={tiny_dataset_root} --tokenizer.type=")
+    assert (out / "compare.md").read_text().startswith("recommendation: ")
+    # the same --out again is refused before any fitting, and nothing in it changes; --overwrite replaces it
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"--out {out} already holds files; choose a new folder, or pass --overwrite to replace it" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main([*argv, "--tokenizers", "bin", "--overwrite"]) == 0
+    assert list(json.loads((out / "compare.json").read_text())["tokenizers"]) == ["bin"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left beside it
+
+
+def test_no_tokenizer_within_the_bound_is_said(tiny_dataset_root, tmp_path):
+    lines = []
+    res = compare.compare(tiny_dataset_root, tmp_path / "c", tokenizers="bin:n_bins=8 bin:n_bins=16", time_horizon=4,
+                          heldout=0.25, n_random=10, max_rmse=1e-6, log=lines.append)
+    assert res["recommendation"]["tokenizer"] == "bin:n_bins=16" and not res["recommendation"]["within_bound"]
+    assert "none decodes every held-out chunk within RMSE 1e-06, so the lowest error" in lines[-1]
+    assert "--tokenizer.type=bin --tokenizer.n_bins=16 --policy.time_horizon=4" in lines[-1]
+    with pytest.raises(ValueError, match="--max-rmse must be > 0"):
+        compare.compare(tiny_dataset_root, tmp_path / "d", tokenizers="bin", max_rmse=0)
+    assert not (tmp_path / "d").exists()
+
+
+def test_fsq_fits_shorter_in_compare_unless_its_steps_are_named():
+    fsq = compare.parse_entry("fsq")
+    assert compare.entry_fit_options(fsq, {}) == {"steps": compare.FSQ_STEPS} and compare.FSQ_STEPS < 3000
+    assert compare.entry_fit_options(fsq, {"fsq": {"steps": None, "max_seconds": None}}) == {"steps": compare.FSQ_STEPS}
+    assert compare.entry_fit_options(fsq, {"fsq": {"steps": 900}}) == {"steps": 900}
+    assert compare.entry_fit_options(compare.parse_entry("fsq:steps=900,levels=[8,5,5]"), {}) == {}
+    assert compare.entry_fit_options(compare.parse_entry("bin"), {"fsq": {"steps": 9}}) == {}
+
+
+def test_a_misspelled_compare_option_is_one_line_with_the_closest(tmp_path, capsys):
+    from vla.cli import main
+
+    assert main(["compare", "--root", str(tmp_path), "--out", str(tmp_path / "o"), "--tim-horizon", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("vla compare: error: unknown option --tim-horizon; did you mean '--time-horizon'? (vla compare "
+                   "--help lists every option)")
+    assert not (tmp_path / "o").exists()
 
 
 def test_tokenizer_fit_saves_tokenizer_normaliser_and_report_and_train_uses_them(tiny_dataset_root, tmp_path, capsys):
@@ -121,3 +187,4 @@ def test_fsq_fit_time_and_steps_beside_its_error(result):
     assert report["steps"] == 30 and report["stopped"] == "steps"  # 30 steps: no held-out check ran out of patience
     row = next(line for line in (out / "compare.md").read_text().splitlines() if line.startswith("| fsq |"))
     assert f"{res['tokenizers']['fsq']['fit_seconds']:.1f} (30 steps, steps)" in row
+    assert "note: fsq fitted 30 steps only (--fsq-steps; vla train fits up to 3000)" in (out / "compare.md").read_text()

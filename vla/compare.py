@@ -7,12 +7,17 @@ Fit every tokenizer on the training episodes' chunks, measure on the held-out ep
 Per tokenizer: tokens per chunk, compression against naive binning (``T x D / mean tokens``), reconstruction
 error in normalised and raw units (overall and per dimension), the share of chunks whose worst error exceeds a
 tolerance, encode/decode throughput, vocabulary use, and how often random, corrupted and constrained id
-sequences decode. ``--sweep`` adds rate-distortion curves. Writes ``compare.json``, ``compare.md`` and PNG plots.
+sequences decode. ``--sweep`` adds rate-distortion curves. Writes ``compare.json``, ``compare.md`` and PNG plots
+into a new folder (an existing one is refused unless ``--overwrite``), and ends with a recommendation: the tokenizer
+that spells a chunk in the fewest ids while every held-out chunk decodes within ``--max-rmse``, measured at the
+chunk length ``vla train`` would choose for the dataset (``vla.data.defaults``), with the ``vla train`` flags to use.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,8 +32,9 @@ from lerobot.utils.constants import ACTION
 
 from vla.data import columns, reader
 from vla.policy.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
-from vla.compare_report import markdown_table, write_outputs
-from vla.tokenizer_choice import TokenizerConfig, parse_choice
+from vla.compare_report import markdown_table, recommendation_text, write_outputs
+from vla.io import atomic_directory
+from vla.tokenizer_choice import TokenizerConfig, parse_choice, tokenizer_config
 from vla.provenance import provenance
 
 # The comparison's default entries: every registered tokenizer, plus FAST with the published byte-level BPE.
@@ -39,6 +45,11 @@ SWEEPS: dict[str, tuple[str, list[Any]]] = {  # tokenizer -> (option, values): i
     "fsq": ("levels", [[8, 6, 5], [8, 5, 5, 5], [7, 5, 5, 5, 5], [8, 8, 8, 6, 5], [8, 8, 8, 5, 5, 5]]),
     "beast": ("n_control_points", [5, 6, 8, 10, 14]),  # degree 4 needs at least 5
 }
+# FSQ trains an autoencoder: at its own default (3000 steps) its fit is most of a comparison's wall time, so compare
+# fits it shorter unless the entry or --fsq-steps names its steps (vla train fits it in full).
+FSQ_STEPS = 200
+# The recommendation's error bound (RMSE in normalised units, where q01..q99 spans [-1, 1]): 2.5% of that range.
+MAX_RMSE = 0.05
 
 
 @dataclass(frozen=True)
@@ -70,13 +81,25 @@ def parse_tokenizers(specs: str | list[str]) -> list[Entry]:
 
 
 def default_time_horizon(info: reader.DatasetInfo, log: Callable[[str], None] = print) -> int:
-    """One second of data, capped at the shortest episode (with a message)."""
-    horizon = max(1, int(round(info.fps)))
-    shortest = int(info.episode_lengths.min())
-    if horizon > shortest:
-        log(f"time horizon {horizon} (1 s at {info.fps} fps) is longer than the shortest episode; using {shortest}")
-        horizon = shortest
-    return horizon
+    """The chunk length ``vla train --dataset_root DIR`` would choose (``vla.data.defaults.choose``, the same rule,
+    not a copy: ``CHUNK_SECONDS`` at the dataset's fps, cut to the longest episode), printed with its reason."""
+    return _chosen_time_horizon(info, log)[0]
+
+
+def _chosen_time_horizon(info: reader.DatasetInfo, log: Callable[[str], None] | None = print) -> tuple[int, str]:
+    """(T, why) as ``vla train`` chooses it with nothing given."""
+    from vla.config import load_config
+    from vla.data import defaults
+
+    cfg = load_config()  # vla train without a config file: every setting chosen from the data
+    # the chunk only: a policy without state skips matching the state (which reads frames), and the chunk rule
+    # does not depend on it
+    cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, state_dim=0, relative_actions="none"))
+    _, choices = defaults.choose(cfg, info)
+    choice = next(c for c in choices if c.name == "policy.time_horizon")
+    if log is not None:
+        log(f"time horizon {choice.value}: {choice.why}, as vla train chooses it")
+    return int(choice.value), choice.why
 
 
 @dataclass
@@ -88,12 +111,16 @@ class Split:
     time_horizon: int
     train_episodes: list[int]
     heldout_episodes: list[int]
+    fps: float = 0.0  # the dataset's frames per second
+    time_horizon_why: str = ""  # where T came from: given, or chosen as vla train chooses it
 
 
 def load_split(root: Path, time_horizon: int | None, heldout: float, seed: int, log=print) -> Split:
     info = reader.dataset_info(root)
+    why = "given by --time-horizon"
     if time_horizon is None:
-        time_horizon = default_time_horizon(info, log)
+        time_horizon = _chosen_time_horizon(info, log)[0]
+        why = "the chunk vla train chooses"
     elif time_horizon > int(info.episode_lengths.max()):
         raise ValueError(
             f"time horizon {time_horizon} is longer than every episode (longest {int(info.episode_lengths.max())}); "
@@ -114,6 +141,8 @@ def load_split(root: Path, time_horizon: int | None, heldout: float, seed: int, 
         time_horizon=time_horizon,
         train_episodes=train_eps,
         heldout_episodes=held_eps,
+        fps=float(info.fps),
+        time_horizon_why=why,
     )
 
 
@@ -219,7 +248,7 @@ def sweep(split: Split, entries: list[Entry], fit_options: dict[str, dict], log=
     todo = [(e, v) for e, v in todo if not (e.name == "beast" and v > split.time_horizon)]
     for entry, value in tqdm(todo, desc="sweep"):
         option = SWEEPS[entry.name][0]
-        tok = entry.fit(split.train, **{**fit_options.get(entry.name, {}), option: value})
+        tok = entry.fit(split.train, **{**entry_fit_options(entry, fit_options), option: value})
         ids = tok.encode(split.heldout)
         out = tok.decode(ids, time_horizon=split.time_horizon, action_dim=split.heldout.shape[2])
         curves.setdefault(entry.label, []).append(
@@ -245,12 +274,15 @@ def compare(
     seed: int = 0,
     fit_options: dict[str, dict] | None = None,
     log: Callable[[str], None] = print,
+    max_rmse: float = MAX_RMSE,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     entries = parse_tokenizers(tokenizers)
     fit_options = fit_options or {}
     root, out_dir = Path(root), Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():  # checked before any fitting
-        raise ValueError(f"--out {out_dir} is a file; compare writes a folder (compare.json, compare.md, plots)")
+    check_out(out_dir, overwrite)  # before any fitting
+    if not max_rmse > 0:
+        raise ValueError(f"--max-rmse must be > 0 (normalised units), got {max_rmse}; e.g. --max-rmse {MAX_RMSE}")
     split = load_split(root, time_horizon, heldout, seed, log)
     t, d = split.time_horizon, split.heldout.shape[2]
     log(f"{len(split.train)} training chunks ({len(split.train_episodes)} episodes), {len(split.heldout)} held-out "
@@ -258,10 +290,13 @@ def compare(
     results: dict[str, Any] = {
         "dataset": str(root),
         "time_horizon": t,
+        "time_horizon_why": split.time_horizon_why,
+        "fps": split.fps,
         "action_dim": d,
         "n_train_chunks": len(split.train),
         "n_heldout_chunks": len(split.heldout),
         "tolerance": tolerance,
+        "max_rmse": max_rmse,
         "heldout_std": float(split.heldout.std()),
         "tokenizers": {},
     }
@@ -269,36 +304,92 @@ def compare(
     for entry in bar:
         bar.set_postfix_str(entry.label)
         start = time.perf_counter()
-        tok = entry.fit(split.train, **fit_options.get(entry.name, {}))
+        tok = entry.fit(split.train, **entry_fit_options(entry, fit_options))
         fit_s = time.perf_counter() - start
         fit_report = {"fit_report": tok.fit_report} if getattr(tok, "fit_report", None) else {}  # FSQ: steps, stop
-        results["tokenizers"][entry.label] = {
-            "fit_seconds": fit_s, **fit_report, **measure(tok, split, tolerance, n_random, seed)
-        }  # fmt: skip
+        row = {"fit_seconds": fit_s, **fit_report, **measure(tok, split, tolerance, n_random, seed)}
+        results["tokenizers"][entry.label] = row
     if do_sweep:
         results["sweep"] = sweep(split, entries, fit_options, log)
+    results["recommendation"] = recommend(results, entries)
     settings = dict(tokenizers=[e.label for e in entries], time_horizon=t, heldout=heldout, sweep=do_sweep,
-                    tolerance=tolerance, n_random=n_random, seed=seed, fit_options=fit_options)
+                    tolerance=tolerance, n_random=n_random, seed=seed, fit_options=fit_options, max_rmse=max_rmse)
     results["provenance"] = provenance(config=settings, dataset=root)
-    write_outputs(results, out_dir)
+    with atomic_directory(out_dir) as tmp:  # the whole folder appears at once, or not at all
+        write_outputs(results, tmp)
     log(markdown_table(results))
+    log(f"wrote {out_dir}: compare.json, compare.md and plots")
+    log(recommendation_text(results))  # the answer, last
     return results
+
+
+def check_out(out_dir: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` that is a file, or a folder that holds files, unless ``overwrite``."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file; compare writes a folder (compare.json, compare.md, plots)")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise ValueError(f"--out {out_dir} already holds files; choose a new folder, or pass --overwrite to replace "
+                         "it")
+
+
+def entry_fit_options(entry: Entry, fit_options: dict[str, dict]) -> dict[str, Any]:
+    """The fit options on top of ``entry``'s own: ``fit_options[name]``, and for FSQ ``FSQ_STEPS`` unless the entry
+    or ``fit_options`` names its steps."""
+    given = {k: v for k, v in fit_options.get(entry.name, {}).items() if v is not None}
+    if entry.name == "fsq" and "steps" not in given and "steps" not in entry_options(entry.label):
+        given["steps"] = FSQ_STEPS
+    return given
+
+
+def entry_options(label: str) -> list[str]:
+    """The option names written in an entry, ``"fsq:steps=900,hidden=64"`` -> ``["steps", "hidden"]``."""
+    rest = label.partition(":")[2]
+    return [item.partition("=")[0].strip() for item in re.split(r",(?![^\[]*\])", rest) if item.strip()]
+
+
+def recommend(results: dict[str, Any], entries: list[Entry]) -> dict[str, Any]:
+    """The tokenizer to train with: the fewest ids per chunk among the entries whose held-out chunks all decode
+    within ``max_rmse`` (ties: the lower RMSE); when none does, the lowest RMSE. Offline only: closed-loop success
+    can order them differently (``vla study``)."""
+    rows, bound = results["tokenizers"], results["max_rmse"]
+    within = [k for k, r in rows.items() if r["valid_rate_heldout"] == 1.0 and r["rmse"] <= bound]
+    ranked = sorted(within, key=lambda k: (rows[k]["tokens_per_chunk_mean"], rows[k]["rmse"]))
+    pick = ranked[0] if ranked else min(rows, key=lambda k: rows[k]["rmse"])
+    entry = next(e for e in entries if e.label == pick)
+    defaults = tokenizer_config(entry.name).options()
+    flags = [f"--tokenizer.type={entry.name}"] + [
+        f"--tokenizer.{k}={_flag_value(v)}" for k, v in entry.choice.options().items() if v != defaults.get(k)
+    ]
+    return {"tokenizer": pick, "within_bound": bool(ranked), "ranked": ranked, "train_flags": flags}
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
 
 
 # --- CLI ---------------------------------------------------------------------------------------------------
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare action tokenizers on a dataset", description=__doc__)
-    p.add_argument("--root", type=Path, required=True, help="a local LeRobot v3.0 dataset")
+    p.add_argument("--root", "--dataset_root", type=Path, required=True, help="a local LeRobot v3.0 dataset")
     p.add_argument("--out", type=Path, required=True, help="folder for compare.json, compare.md and the plots")
     p.add_argument(
         "--tokenizers", default=" ".join(DEFAULT_TOKENIZERS),
         help="space-separated entries name[:option=value,...] of " + ", ".join(at.TOKENIZERS) + " (default: %(default)s)",
     )  # fmt: skip
-    p.add_argument("--time-horizon", type=int, default=None, help="T; default one second, capped at the shortest episode")
+    p.add_argument("--time-horizon", "--time_horizon", type=int, default=None,
+                   help="T; default the chunk vla train chooses (0.5 s at the fps, cut to the longest episode)")
+    p.add_argument("--max-rmse", type=float, default=MAX_RMSE,
+                   help="the recommendation's error bound, RMSE in normalised units (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace an --out folder that already holds files")
     p.add_argument("--episodes-heldout", type=float, default=0.2, help="share of episodes held out for measuring")
     p.add_argument("--sweep", action="store_true", help="also sweep FAST scale, bin count and FSQ levels")
     p.add_argument("--tolerance", type=float, default=0.1, help="max-error threshold (normalised units)")
-    p.add_argument("--fsq-steps", type=int, default=3000, help="FSQ's most training steps (it stops on a plateau)")
+    p.add_argument("--fsq-steps", type=int, default=None,
+                   help=f"FSQ's most training steps (it stops on a plateau); {FSQ_STEPS} here, 3000 in vla train")
     p.add_argument("--fsq-max-seconds", type=float, default=None, help="FSQ's fitting time budget (default: none)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run)
@@ -315,6 +406,8 @@ def _run(args: argparse.Namespace) -> int:
         tolerance=args.tolerance,
         seed=args.seed,
         fit_options={"fsq": {"steps": args.fsq_steps, "max_seconds": args.fsq_max_seconds}},
+        max_rmse=args.max_rmse,
+        overwrite=args.overwrite,
+        log=lambda line: print(line, flush=True),
     )
-    print(f"wrote {args.out / 'compare.json'}, compare.md and plots")
     return 0

@@ -1,5 +1,5 @@
-"""``vla compare``'s outputs: ``compare.json``, the markdown table ``compare.md`` and the PNG plots (ids per chunk
-against error, error per dimension, the distribution of chunk lengths)."""
+"""``vla compare``'s outputs: ``compare.json``, ``compare.md`` (the recommendation, then the table) and the PNG plots
+(ids per chunk against error, error per dimension, the distribution of chunk lengths)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,41 @@ def fit_cell(r: dict[str, Any]) -> str:
     if "steps" in report:
         return f"{r['fit_seconds']:.1f} ({report['steps']} steps, {report['stopped']})"
     return f"{r.get('fit_seconds', float('nan')):.1f}"
+
+
+def recommendation_text(results: dict[str, Any]) -> str:
+    """The answer in three lines: which tokenizer at which rate and chunk, why, and the ``vla train`` command; ""
+    when the results hold no recommendation (``vla tokenizer fit``'s report)."""
+    rec = results.get("recommendation")
+    if not rec:
+        return ""
+    rows, bound, ranked = results["tokenizers"], results["max_rmse"], rec["ranked"]
+    pick = rows[rec["tokenizer"]]
+    t, fps = results["time_horizon"], results["fps"]
+    seconds = t / fps
+    head = (f"recommendation: {rec['tokenizer']}, {pick['tokens_per_chunk_mean']:.1f} ids per chunk "
+            f"({pick['tokens_per_chunk_mean'] / seconds:.0f} a second) at held-out RMSE {pick['rmse']:.4f}, "
+            f"on chunks of T={t} ({seconds:g} s at {fps:g} fps, {results['time_horizon_why']})")
+    if rec["within_bound"]:
+        why = f"the fewest ids among the {len(ranked)} entries whose held-out chunks all decode within RMSE {bound:g}"
+        if len(ranked) > 1:
+            runner = rows[ranked[1]]
+            why += f" (next: {ranked[1]}, {runner['tokens_per_chunk_mean']:.1f} ids at {runner['rmse']:.4f})"
+        over = [k for k in rows if k not in ranked]
+        if over:
+            why += "; over the bound or not always decodable: " + ", ".join(
+                f"{k} ({rows[k]['rmse']:.4f}, {rows[k]['valid_rate_heldout']:.0%} valid)" for k in over)
+    else:
+        why = (f"none decodes every held-out chunk within RMSE {bound:g}, so the lowest error; raise --max-rmse, or "
+               "try finer settings with --sweep")
+    notes = [f"{k} fitted {r['fit_report']['steps']} steps only (--fsq-steps; vla train fits up to 3000): its "
+             "error is an upper bound" for k, r in rows.items()
+             if r.get("fit_report", {}).get("stopped") in ("steps", "time") and r["fit_report"]["steps"] < 3000]
+    given = "" if "given" not in results["time_horizon_why"] else f" --policy.time_horizon={t}"
+    command = f"vla train --dataset_root={results['dataset']} {' '.join(rec['train_flags'])}{given}"
+    lines = [head, f"  why: {why}."] + [f"  note: {n}." for n in notes]
+    lines.append(f"  next: {command}  (an offline measure: confirm closed-loop success with vla study)")
+    return "\n".join(lines) + "\n"
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -51,7 +86,8 @@ def write_outputs(results: dict[str, Any], out_dir: Path, name: str = "compare")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / f"{name}.json", json.dumps(results, indent=2) + "\n")
-    atomic_write_text(out_dir / f"{name}.md", markdown_table(results))
+    answer = recommendation_text(results)
+    atomic_write_text(out_dir / f"{name}.md", (answer + "\n" if answer else "") + markdown_table(results))
     toks = results["tokenizers"]
 
     fig, ax = plt.subplots(figsize=(6, 4))
