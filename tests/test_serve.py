@@ -8,6 +8,7 @@ with the same interface whose actions encode the request (so every reply can be 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -210,6 +211,33 @@ def test_malformed_messages_get_error_replies_and_the_connection_stays_usable(po
         ws.send(packb(observation(0, request_id=42)))
         reply = unpackb(ws.recv(timeout=10))
         assert reply["request_id"] == 42 and reply["actions"].shape == (T, D)
+
+
+@pytest.mark.parametrize(
+    ("image", "match"),
+    [
+        (np.full((40, 40, 3), 4000, np.uint16), r"is uint16 \(values up to 4000\); send uint8 in 0\.\.255 \(a 16-bit"),
+        (np.full((40, 40, 3), 200.0, np.float32), r"is float32 with values in \[200, 200\]; float images must lie in "
+                                                  r"\[0, 1\]: send uint8 0\.\.255"),
+        (np.full((40, 40, 3), -0.5, np.float32), r"is float32 with values in \[-0\.5, -0\.5\]; float images must lie"),
+    ],
+)
+def test_images_outside_the_pixel_rule_are_refused_and_never_reach_the_policy(policy, image, match):
+    """Float images in 0..255 and uint16 images reached the model unscaled. The rule (docs/serving.md): uint8 in
+    0..255, or float in [0, 1]."""
+    with serve(policy) as handle, connect(f"ws://127.0.0.1:{handle.port}", compression=None) as ws:
+        unpackb(ws.recv(timeout=10))  # metadata
+        ws.send(packb(observation(0) | {"observation/images/front": image}))
+        reply = ws.recv(timeout=10)
+        assert isinstance(reply, str) and re.search(rf"^error: camera '{CAM}' {match}", reply), reply
+        assert handle.server.stats.batches == 0  # nothing reached the policy
+        uint8 = observation(0)
+        as_float = uint8 | {"observation/images/front": uint8["observation/images/front"].astype(np.float32) / 255}
+        replies = []
+        for message in (uint8, as_float):
+            ws.send(packb(message))
+            replies.append(unpackb(ws.recv(timeout=10))["actions"])
+        np.testing.assert_allclose(replies[0], replies[1], atol=1e-5)  # the same pixels either way
 
 
 def test_oversize_messages_close_only_their_connection(policy):

@@ -168,6 +168,7 @@ class ObservationReader:
             raise RequestError(f"camera {key!r} has shape {list(image.shape)}; send [H, W, 3] or [3, H, W] RGB")
         if not (1 <= min(image.shape[1:]) and max(image.shape[1:]) <= MAX_IMAGE_SIDE):
             raise RequestError(f"camera {key!r} is {list(image.shape)}; sides must be 1..{MAX_IMAGE_SIDE} pixels")
+        _check_pixels(image, key)
         # np.array copies (arrays read from a message are read-only views of its bytes); the policy pipeline's own
         # conversion and resize, done here so that robots with other camera sizes share one batch
         try:
@@ -185,6 +186,24 @@ class ObservationReader:
         if len(task) > MAX_TASK_CHARS:
             raise RequestError(f"the instruction has {len(task)} characters; send at most {MAX_TASK_CHARS}")
         return task
+
+
+def _check_pixels(image: np.ndarray, key: str) -> None:
+    """The one rule for pixel values: uint8 in 0..255, or floats in [0, 1]. Any other integer type (a 16-bit depth or
+    machine-vision camera) and floats outside [0, 1] (0..255 floats, [-1, 1] normalised ones) would reach the model
+    unscaled: refused, saying how to convert."""
+    if image.dtype.kind == "u" and image.dtype != np.uint8:
+        raise RequestError(
+            f"camera {key!r} is {image.dtype} (values up to {int(image.max())}); send uint8 in 0..255 (a 16-bit "
+            "image: (image >> 8).astype(np.uint8)) or float in [0, 1]"
+        )
+    if image.dtype.kind == "f" and image.size and np.isfinite(image).all():  # NaN and inf: the pipeline's own check
+        lo, hi = float(image.min()), float(image.max())
+        if lo < 0.0 or hi > 1.0:
+            raise RequestError(
+                f"camera {key!r} is {image.dtype} with values in [{lo:g}, {hi:g}]; float images must lie in [0, 1]: "
+                "send uint8 0..255 (image.astype(np.uint8)), or divide 0..255 floats by 255"
+            )
 
 
 # --- a connection's state history ---------------------------------------------------------------------------------
