@@ -1,6 +1,8 @@
 """Properties every tokenizer shares: id range, save/load, constraints, and clear errors on bad input."""
 
+import dataclasses
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -97,6 +99,21 @@ def test_unconstrained_random_ids_are_often_invalid(fast_tok):
 def test_bad_chunks(tok, bad, message):
     with pytest.raises(ValueError, match=message):
         tok.encode(bad)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_complex_chunks_are_refused_naming_the_dtype(tok, heldout_chunks, dtype):
+    """The cast to float would drop the imaginary part with only numpy's warning: refused, nothing encoded."""
+    before = dataclasses.replace(tok.encode_stats)
+    chunks = (heldout_chunks[:2] + 0.5j).astype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's ComplexWarning would be an error here: none is raised
+        with pytest.raises(ValueError) as err:
+            tok.encode(chunks)
+    assert str(err.value).startswith(f"chunks are complex ({np.dtype(dtype)}); tokenizers take real actions")
+    assert "\n" not in str(err.value) and tok.encode_stats == before
+    with pytest.raises(ValueError, match=r"complex \(complex128\)"):
+        tok.encode([[complex(1, 1)] * D] * T)  # a nested list of Python complex numbers too
 
 
 def test_bad_ids(tok):

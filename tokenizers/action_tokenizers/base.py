@@ -25,6 +25,11 @@ from .io import atomic_directory, write_json
 
 CONFIG_NAME = "action_tokenizer.json"
 FORMAT_VERSION = 1
+# Bounds on the sizes every tokenizer reads from a saved file or is given to fit. Beyond them a tokenizer would ask the
+# allocator for more than any machine has (or overflow an index), so they are refused up front with the bound named.
+MAX_TIME_HORIZON = 1024  # steps per chunk (ALOHA's 50 Hz chunks are 50-100)
+MAX_ACTION_DIM = 256  # action dimensions (a two-arm humanoid has ~50)
+MAX_VOCAB_SIZE = 1 << 16  # ids in a tokenizer's vocabulary (PaliGemma gives actions a few thousand of its ids)
 DecodeMode = Literal["mark", "strict", "repair"]
 DECODE_MODES = ("mark", "strict", "repair")
 
@@ -165,9 +170,16 @@ def as_chunk_batch(
 ) -> np.ndarray:
     """Validate and return float64 ``[B, T, D]``; raise ``ValueError`` saying what is wrong and what to do."""
     try:
-        arr = np.asarray(chunks, dtype=np.float64)
+        arr = np.asarray(chunks)
+        if arr.dtype.kind != "c":
+            arr = arr.astype(np.float64, copy=False)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{what} must be a numeric array [T, D] or [B, T, D]: {err}") from None
+    if arr.dtype.kind == "c":  # the cast to float would drop the imaginary part with only numpy's warning
+        raise ValueError(
+            f"{what} are complex ({arr.dtype}); tokenizers take real actions: pass chunks.real if the imaginary part "
+            "is meant to be dropped"
+        )
     if arr.ndim == 2:
         arr = arr[None]
     if arr.ndim != 3:
@@ -284,12 +296,33 @@ CHECKS: dict[str, tuple[Any, str]] = {
 }  # fmt: skip
 
 
-def check_saved(config: dict[str, Any], path: Path, spec: dict[str, str]) -> dict[str, Any]:
+def check_size(label: str, value: Any, low: int, high: int, bound: str) -> int:
+    """``value`` as an int in ``[low, high]``, else a one-line ``ValueError`` naming the bound (``bound``: its
+    constant's name) and the fix. For every size a tokenizer allocates by: checked when fitting and when loading."""
+    if not _is_int(value) or value < low:
+        raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
+    if value > high:
+        raise ValueError(f"{label} {value} is above the bound {high} ({bound}); use at most {high}")
+    return int(value)
+
+
+# The bounds every saved tokenizer's shape fields obey (field -> (bound, its constant's name)).
+SHAPE_BOUNDS: dict[str, tuple[float, str]] = {
+    "time_horizon": (MAX_TIME_HORIZON, "MAX_TIME_HORIZON"),
+    "action_dim": (MAX_ACTION_DIM, "MAX_ACTION_DIM"),
+}
+
+
+def check_saved(
+    config: dict[str, Any], path: Path, spec: dict[str, str], bounds: dict[str, tuple[float, str]] | None = None
+) -> dict[str, Any]:
     """Validate a loaded config against ``spec``: field -> a kind in ``CHECKS`` or ``"in:a,b"`` (one of those
-    strings); a trailing ``"?"`` means the field may be null or absent.
+    strings); a trailing ``"?"`` means the field may be null or absent. ``bounds``: field -> (upper bound, the name
+    of its constant) for the sizes the tokenizer allocates by (on top of ``SHAPE_BOUNDS``); a list is bounded per item.
 
     Raises a one-line ``ValueError`` naming the file, the field, its value and the fix.
     """
+    bounds = {**SHAPE_BOUNDS, **(bounds or {})}
     for key, kind in spec.items():
         optional = kind.endswith("?")
         kind = kind.rstrip("?")
@@ -309,4 +342,12 @@ def check_saved(config: dict[str, Any], path: Path, spec: dict[str, str]) -> dic
             raise ValueError(
                 f"{path}: field {key!r} is {value!r} but must be {what}; correct it or save the tokenizer again"
             )
+        if key in bounds:
+            high, name = bounds[key]
+            largest = max(map(abs, value)) if isinstance(value, list) else abs(value)
+            if largest > high:
+                raise ValueError(
+                    f"{path}: field {key!r} is {value!r}, beyond its bound {high:g} ({name}); a tokenizer never "
+                    "saves that: correct it or save the tokenizer again"
+                )
     return config

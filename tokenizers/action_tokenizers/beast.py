@@ -37,6 +37,8 @@ from scipy.interpolate import BSpline
 
 from .base import (
     CONFIG_NAME,
+    MAX_ACTION_DIM,
+    MAX_TIME_HORIZON,
     ActionTokenizer,
     DecodeMode,
     DecodeResult,
@@ -44,9 +46,16 @@ from .base import (
     as_id_batch,
     check_mode,
     check_saved,
+    check_size,
     finish_decode,
 )
+from .binning import MAX_N_BINS
 from .constraint import Constraint, fixed_length
+
+# Control points are binned over [-bound, bound] in normalised units, where data lies in about [-1, 1]: a bound beyond
+# this means un-normalised data (and a bin wider than any action), so it is refused.
+MAX_BOUND = 1e3
+MAX_RIDGE = 1.0  # relative to the Gram matrix's scale (1e-6 by default): beyond it the fit shrinks every chunk to 0
 
 
 def bspline_basis(time_horizon: int, n_control_points: int, degree: int) -> np.ndarray:
@@ -111,10 +120,18 @@ class BEASTTokenizer(ActionTokenizer):
                 f"n_control_points {n_control_points} is more than time_horizon {time_horizon}: the fit would be "
                 f"underdetermined; use n_control_points <= {time_horizon}"
             )
-        if not (np.isfinite(ridge) and ridge >= 0):
-            raise ValueError(f"ridge must be a number >= 0, got {ridge!r}")
-        if not (np.isfinite(bound) and bound > 0):
-            raise ValueError(f"bound must be a positive number, got {bound!r}")
+        check_size("n_bins", n_bins, 2, MAX_N_BINS, "MAX_N_BINS")
+        check_size("time_horizon", time_horizon, 1, MAX_TIME_HORIZON, "MAX_TIME_HORIZON")
+        check_size("action_dim", action_dim, 1, MAX_ACTION_DIM, "MAX_ACTION_DIM")
+        if not (np.isfinite(ridge) and 0 <= ridge <= MAX_RIDGE):
+            raise ValueError(
+                f"ridge must be a number in [0, {MAX_RIDGE:g}] (MAX_RIDGE), got {ridge!r}; 1e-6 is the default"
+            )
+        if not (np.isfinite(bound) and 0 < bound <= MAX_BOUND):
+            raise ValueError(
+                f"bound must be a positive number of at most {MAX_BOUND:g} (MAX_BOUND; control points of normalised "
+                f"chunks lie within a few units), got {bound!r}; leave it unset to take it from the data"
+            )
         self.time_horizon, self.action_dim = int(time_horizon), int(action_dim)
         self.n_control_points, self.degree, self.n_bins = int(n_control_points), int(degree), int(n_bins)
         self.ridge = float(ridge)
@@ -136,6 +153,11 @@ class BEASTTokenizer(ActionTokenizer):
         tok = cls(time_horizon=arr.shape[1], action_dim=arr.shape[2], **options)
         if bound is None:
             bound = max(1.0, float(np.quantile(np.abs(tok.control_points(arr)), 0.999)))
+            if bound > MAX_BOUND:
+                raise ValueError(
+                    f"the chunks' control points reach {bound:.3g}, beyond {MAX_BOUND:g} (MAX_BOUND): fit on "
+                    "normalised chunks (about [-1, 1])"
+                )
         return cls(time_horizon=arr.shape[1], action_dim=arr.shape[2], bound=bound, **options)
 
     @property

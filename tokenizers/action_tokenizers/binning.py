@@ -16,6 +16,9 @@ import numpy as np
 
 from .base import (
     CONFIG_NAME,
+    MAX_ACTION_DIM,
+    MAX_TIME_HORIZON,
+    MAX_VOCAB_SIZE,
     ActionTokenizer,
     DecodeMode,
     DecodeResult,
@@ -23,9 +26,12 @@ from .base import (
     as_id_rows,
     check_mode,
     check_saved,
+    check_size,
     finish_decode,
 )
 from .constraint import Constraint, fixed_length
+
+MAX_N_BINS = MAX_VOCAB_SIZE  # bins per value, the vocabulary (RT-2 and OpenVLA use 256)
 
 
 class BinningTokenizer(ActionTokenizer):
@@ -39,9 +45,11 @@ class BinningTokenizer(ActionTokenizer):
 
     def __init__(self, n_bins: int = 256, time_horizon: int | None = None, action_dim: int | None = None):
         super().__init__()
-        if not isinstance(n_bins, (int, np.integer)) or n_bins < 2:
-            raise ValueError(f"n_bins must be an integer >= 2, got {n_bins!r}")
-        self.n_bins = int(n_bins)
+        self.n_bins = check_size("n_bins", n_bins, 2, MAX_N_BINS, "MAX_N_BINS")
+        if time_horizon is not None:
+            time_horizon = check_size("time_horizon", time_horizon, 1, MAX_TIME_HORIZON, "MAX_TIME_HORIZON")
+        if action_dim is not None:
+            action_dim = check_size("action_dim", action_dim, 1, MAX_ACTION_DIM, "MAX_ACTION_DIM")
         self.time_horizon = time_horizon
         self.action_dim = action_dim
 
@@ -103,5 +111,5 @@ class BinningTokenizer(ActionTokenizer):
 
     @classmethod
     def _from_saved(cls, config: dict[str, Any], directory: Path) -> BinningTokenizer:
-        config = check_saved(config, directory / CONFIG_NAME, cls.SAVED_FIELDS)
+        config = check_saved(config, directory / CONFIG_NAME, cls.SAVED_FIELDS, {"n_bins": (MAX_N_BINS, "MAX_N_BINS")})
         return cls(config["n_bins"], config.get("time_horizon"), config.get("action_dim"))

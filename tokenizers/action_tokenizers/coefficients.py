@@ -13,6 +13,10 @@ import math
 import numpy as np
 import scipy.fft
 
+# The scales a FAST tokenizer takes (fitted, given or loaded): below, one id would span the whole normalised range;
+# above, a [-1, 1] chunk's coefficients would need more symbols than an alphabet holds.
+SCALE_RANGE = (1e-3, 1e4)
+
 
 def dct(chunks: np.ndarray) -> np.ndarray:
     """Orthonormal DCT-II over the time axis of ``[B, T, D]``.
@@ -66,7 +70,7 @@ def scale_for_rmse(coef: np.ndarray, target_rmse: float, deadzone: float = 0.0) 
     def rmse(scale: float) -> float:
         return float(np.sqrt(np.mean((quantize(coef, scale, deadzone) / scale - coef) ** 2)))
 
-    lo, hi = 1e-3, 1e4
+    lo, hi = SCALE_RANGE
     if rmse(hi) > target_rmse:
         raise ValueError(f"target_rmse {target_rmse} is below what any scale up to {hi:g} reaches; ask for more")
     for _ in range(60):  # bisection in log-scale; the RMSE falls (not strictly) as the scale grows

@@ -45,6 +45,9 @@ from tokenizers import ByteLevelBPETokenizer, Tokenizer, models
 
 from .base import (
     CONFIG_NAME,
+    MAX_ACTION_DIM,
+    MAX_TIME_HORIZON,
+    MAX_VOCAB_SIZE,
     ActionTokenizer,
     DecodeMode,
     DecodeResult,
@@ -52,11 +55,13 @@ from .base import (
     as_id_batch,
     check_mode,
     check_saved,
+    check_size,
     finish_decode,
 )
 from . import byte_level, char_level
 from .byte_level import ByteLevelEncoder
 from .coefficients import (
+    SCALE_RANGE,
     dct,
     flatten,
     idct,
@@ -76,6 +81,10 @@ BPE_FILE = "bpe.json"
 DEFAULT_DEADZONE = 0.2  # measured on real data: see results/rate_distortion/
 BYTE_LEVEL_TOP = 0x10FFFF  # byte-level symbols are code points: the largest there is
 SURROGATES = (0xD800, 0xDFFF)  # code points no string can hold; a byte-level symbol there becomes 0xD7FF
+MAX_SYMBOLS = SURROGATES[0]  # a FAST alphabet's size: its symbols are code points below the surrogates
+# |min_token|, the smallest rounded coefficient: a [-1, 1] chunk of MAX_TIME_HORIZON steps at the largest scale has
+# coefficients below sqrt(1024) * 1e4 = 327680, so anything beyond 2^20 was not fitted on normalised chunks.
+MAX_MIN_TOKEN = 1 << 20
 
 
 ORDERS = ("dimension", "frequency")
@@ -134,8 +143,18 @@ class FASTTokenizer(ActionTokenizer):
         action_dim: int | None = None,
     ):
         super().__init__()
-        if not (np.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale must be a positive number, got {scale!r}")
+        check_scale(scale)
+        if not isinstance(min_token, (int, np.integer)) or abs(min_token) > MAX_MIN_TOKEN:
+            raise ValueError(
+                f"min_token must be an integer within +-{MAX_MIN_TOKEN} (MAX_MIN_TOKEN), got {min_token!r}; fit the "
+                "tokenizer on normalised chunks"
+            )
+        check_size("n_symbols", n_symbols, 1, MAX_SYMBOLS, "MAX_SYMBOLS")
+        if time_horizon is not None:
+            check_size("time_horizon", time_horizon, 1, MAX_TIME_HORIZON, "MAX_TIME_HORIZON")
+        if action_dim is not None:
+            check_size("action_dim", action_dim, 1, MAX_ACTION_DIM, "MAX_ACTION_DIM")
+        check_size("the BPE's vocabulary size", bpe.get_vocab_size(), 1, MAX_VOCAB_SIZE, "MAX_VOCAB_SIZE")
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if not 0.0 <= deadzone < 0.5:
@@ -166,10 +185,9 @@ class FASTTokenizer(ActionTokenizer):
         show_progress: bool = False,
     ) -> FASTTokenizer:
         """Fit on normalised chunks ``[N, T, D]``: the coefficient range, then the BPE merges."""
-        if not (np.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale must be a positive number, got {scale!r}")
-        if vocab_size is not None and (not isinstance(vocab_size, (int, np.integer)) or vocab_size < 2):
-            raise ValueError(f"vocab_size must be an integer >= 2 or None (automatic), got {vocab_size!r}")
+        check_scale(scale)
+        if vocab_size is not None:
+            check_size("vocab_size", vocab_size, 2, MAX_VOCAB_SIZE, "MAX_VOCAB_SIZE")
         order = order if order is not None else ("frequency" if byte_level else "dimension")
         deadzone = deadzone if deadzone is not None else (0.0 if byte_level else DEFAULT_DEADZONE)
         arr = as_chunk_batch(chunks)
@@ -184,11 +202,11 @@ class FASTTokenizer(ActionTokenizer):
             )
         min_token, max_token = int(q.min()), int(q.max())
         n_symbols = max_token - min_token + 1
-        if n_symbols > SURROGATES[0]:  # symbols are code points, and those from 0xD800 on cannot all be in a string
+        if n_symbols > MAX_SYMBOLS or max(-min_token, max_token) > MAX_MIN_TOKEN:  # symbols are code points
             raise ValueError(
                 f"the rounded DCT coefficients span {n_symbols} values ({min_token}..{max_token}), more than the "
-                f"{SURROGATES[0]} a FAST alphabet can hold; lower scale (now {scale}) and check that the chunks are "
-                "normalised"
+                f"{MAX_SYMBOLS} a FAST alphabet can hold (MAX_SYMBOLS, and |coefficient| <= {MAX_MIN_TOKEN}); lower "
+                f"scale (now {scale}) and check that the chunks are normalised"
             )
         if vocab_size is None:
             vocab_size = max(1024, int(2 ** math.ceil(math.log2(n_symbols + 256))))
@@ -395,15 +413,29 @@ class FASTTokenizer(ActionTokenizer):
         vocabulary (its single-character tokens) and only used to clip out-of-range coefficients.
         """
         bpe, config, n_symbols = read_reference(Path(directory))
-        return cls(
-            bpe,
-            scale=config["scale"],
-            min_token=config["min_token"],
-            n_symbols=n_symbols,
-            byte_level=True,
-            order="frequency",
-            deadzone=0.0,
-            time_horizon=config.get("time_horizon"),
-            action_dim=config.get("action_dim"),
+        try:
+            return cls(
+                bpe,
+                scale=config["scale"],
+                min_token=config["min_token"],
+                n_symbols=n_symbols,
+                byte_level=True,
+                order="frequency",
+                deadzone=0.0,
+                time_horizon=config.get("time_horizon"),
+                action_dim=config.get("action_dim"),
+            )
+        except ValueError as err:
+            raise ValueError(f"{directory}: {err}") from None
+
+
+def check_scale(scale: Any) -> float:
+    """``scale`` as a float in ``SCALE_RANGE``, else a one-line ``ValueError`` naming the range."""
+    low, high = SCALE_RANGE
+    number = isinstance(scale, (int, float, np.integer, np.floating)) and not isinstance(scale, bool)
+    if not (number and np.isfinite(scale) and low <= scale <= high):
+        raise ValueError(
+            f"scale must be a number in [{low:g}, {high:g}] (SCALE_RANGE), got {scale!r}; 10 is the published value"
         )
+    return float(scale)
 

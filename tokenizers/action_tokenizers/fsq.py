@@ -23,13 +23,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
 from vector_quantize_pytorch import FSQ
 
 from .base import (
     CONFIG_NAME,
+    MAX_VOCAB_SIZE,
     ActionTokenizer,
     DecodeMode,
     DecodeResult,
@@ -37,9 +38,11 @@ from .base import (
     as_id_rows,
     check_mode,
     check_saved,
+    check_size,
     finish_decode,
 )
 from .constraint import Constraint, fixed_length
+from .io import read_tensors
 
 WEIGHTS_FILE = "model.safetensors"
 DEFAULT_LEVELS = (8, 5, 5, 5)  # 2^10 codes, the paper's recommendation and QueST/OAT's choice for actions
@@ -47,6 +50,8 @@ DEFAULT_LEVELS = (8, 5, 5, 5)  # 2^10 codes, the paper's recommendation and QueS
 # on, where the encoder's bounded bottleneck is saturated, and small enough that float32 and the convolutions stay
 # finite (a value of 1e39 would be inf in float32, and inf - inf makes the codes NaN).
 VALUE_LIMIT = 1e4
+MAX_HIDDEN = 4096  # conv channels (64 by default): 4096 is already ~50M weights per conv block
+MAX_DEPTH = 64  # extra conv blocks on each side (2 by default)
 
 
 class ChunkAutoencoder(nn.Module):
@@ -176,14 +181,12 @@ class FSQTokenizer(ActionTokenizer):
         or "time"), the seconds it took and the errors reached.
         """
         arr = as_chunk_batch(chunks)
-        levels = [int(v) for v in levels]
-        if len(levels) == 0 or min(levels) < 2:
-            raise ValueError(f"levels must be a non-empty list of integers >= 2, got {levels}")
         for label, value in (("downsample", downsample), ("hidden", hidden), ("steps", steps), ("batch_size", batch_size)):
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{label} must be a positive integer, got {value!r}")
         if not isinstance(depth, (int, np.integer)) or depth < 0:
             raise ValueError(f"depth must be an integer >= 0, got {depth!r}")
+        levels = check_sizes(levels, hidden, depth)
         if not isinstance(threads, (int, np.integer)) or threads < 0:
             raise ValueError(f"threads must be an integer >= 0 (0: keep torch's setting), got {threads!r}")
         if not isinstance(patience, (int, np.integer)) or patience < 0:
@@ -284,19 +287,48 @@ class FSQTokenizer(ActionTokenizer):
     @classmethod
     def _from_saved(cls, config: dict[str, Any], directory: Path) -> FSQTokenizer:
         config = check_saved(config, directory / CONFIG_NAME, cls.SAVED_FIELDS)
+        try:
+            check_sizes(config["levels"], config["hidden"], config["depth"])
+            if config["downsample"] > config["time_horizon"]:
+                t = config["time_horizon"]
+                raise ValueError(f"downsample {config['downsample']} is larger than time_horizon {t}")
+        except ValueError as err:
+            raise ValueError(f"{directory / CONFIG_NAME}: {err}; a tokenizer never saves that: save it again") from None
         path = directory / WEIGHTS_FILE
         if not path.is_file():
             raise ValueError(f"FSQ weights {path} are missing; save the tokenizer again")
         model = _build(config)
+        # checked: floats where the model holds floats (int8 weights would be cast silently), finite values
+        state = read_tensors(path, model.state_dict(), "save the tokenizer again")
         try:
-            model.load_state_dict(load_file(str(path)))
-        except Exception as err:  # safetensors raises its own error types for truncated files
+            model.load_state_dict(state)
+        except Exception as err:  # shapes or keys that do not match the config
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise ValueError(
                 f"FSQ weights {path} are corrupt or do not match {directory / CONFIG_NAME} ({reason}); "
                 "save the tokenizer again"
             ) from None
         return cls(model, config)
+
+
+def check_sizes(levels: Any, hidden: Any, depth: Any) -> list[int]:
+    """The sizes the autoencoder is built from, within their bounds (fit and load alike); ``levels`` as ints."""
+    if not isinstance(levels, (list, tuple)) or not levels or not all(_int(v) and v >= 2 for v in levels):
+        raise ValueError(f"levels must be a non-empty list of integers >= 2, got {levels!r}")
+    levels = [int(v) for v in levels]
+    vocab = math.prod(levels)
+    if vocab > MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"levels {levels} make {vocab} codes, above the bound {MAX_VOCAB_SIZE} (MAX_VOCAB_SIZE); use fewer or "
+            f"smaller levels (the default {list(DEFAULT_LEVELS)} makes 1000)"
+        )
+    check_size("hidden", hidden, 1, MAX_HIDDEN, "MAX_HIDDEN")
+    check_size("depth", depth, 0, MAX_DEPTH, "MAX_DEPTH")
+    return levels
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 EVAL_EVERY = 100  # steps between held-out checks

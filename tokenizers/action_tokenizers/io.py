@@ -3,6 +3,7 @@
     with atomic_directory("tok/") as tmp:      # write into tmp; on success it replaces tok/ in one rename
         write_json(tmp / "config.json", {"format_version": 1, ...})
     config = read_json(Path("tok/config.json"), "action tokenizer", format_version=1)
+    tensors = read_tensors(Path("tok/model.safetensors"), like=model.state_dict(), fix="save the tokenizer again")
 
 Every error names the file and what to do about it, in one line.
 """
@@ -16,7 +17,13 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# safetensors' names of the floating dtypes: any other (I8, I64, BOOL, ...) where a model holds floats is refused
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -50,6 +57,46 @@ def read_json(
                 "save it again with this version of action_tokenizers, or load it with the version that wrote it"
             )
     return data
+
+
+def check_tensor_kinds(path: Path, like: dict[str, torch.Tensor], fix: str) -> None:
+    """Refuse a safetensors file (reading its header only) holding integers where ``like`` (the model's state) holds
+    floats, or floats where it holds integers: ``load_state_dict`` would cast them silently (weights saved as int8
+    load and act with errors of 1e9). One-line ``ValueError`` naming the file, the key, both dtypes and ``fix``;
+    safetensors' own error for a file it cannot read is left to the caller."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        for key in f.keys():
+            if key not in like:
+                continue
+            dtype = f.get_slice(key).get_dtype()
+            if (dtype in FLOAT_DTYPES) != like[key].is_floating_point():
+                held = str(like[key].dtype).removeprefix("torch.")
+                raise ValueError(
+                    f"{path}: tensor {key!r} is {dtype} but the model holds {held} there (loading would cast it "
+                    f"silently); {fix}"
+                )
+
+
+def read_tensors(path: Path, like: dict[str, torch.Tensor], fix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, checked: the kinds of ``like`` (``check_tensor_kinds``) and finite values.
+    One-line ``ValueError`` naming the file, the key and ``fix``, also for a file safetensors cannot read."""
+    import torch
+    from safetensors.torch import load_file
+
+    try:
+        check_tensor_kinds(path, like, fix)
+        tensors = load_file(str(path))
+    except Exception as err:
+        if isinstance(err, ValueError) and str(path) in str(err):  # check_tensor_kinds' own line
+            raise  # safetensors raises its own error types for truncated files
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ValueError(f"{path} cannot be read ({reason}); {fix}") from None
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(f"{path}: tensor {key!r} holds NaN or inf; {fix}")
+    return tensors
 
 
 @contextmanager

@@ -22,6 +22,10 @@ from .io import read_json, write_json
 NormMode = Literal["quantile", "mean_std", "identity"]
 NORM_MODES = ("quantile", "mean_std", "identity")
 _EPS = 1e-8
+# Offsets and scales beyond this (in the data's units) are refused: a decoded action, normalised values of up to a few
+# thousand times the scale, would overflow float32 (and a robot would be sent inf) long before any real robot's units
+# reach it.
+MAX_STATISTIC = 1e9
 FORMAT_VERSION = 1  # files without a format_version were written before it was recorded: version 1
 
 
@@ -42,6 +46,13 @@ class Normalizer:
             raise ValueError(f"offset and scale must have the same length, got {offset.shape} and {scale.shape}")
         if not (np.isfinite(offset).all() and np.isfinite(scale).all()):
             raise ValueError("normaliser statistics contain NaN or inf; recompute the dataset statistics")
+        for name, values in (("offset", offset), ("scale", scale)):
+            if values.size and np.abs(values).max() > MAX_STATISTIC:
+                i = int(np.argmax(np.abs(values)))
+                raise ValueError(
+                    f"normaliser {name} {values[i]:g} (dimension {i}) is beyond +-{MAX_STATISTIC:g} (MAX_STATISTIC): "
+                    "decoded actions would overflow; recompute the dataset statistics from actions in robot units"
+                )
         if (scale < 0).any():
             raise ValueError(
                 f"normaliser scale must be >= 0 per dimension (it would flip the actions), got {scale.tolist()}; "
@@ -128,6 +139,13 @@ class Normalizer:
             raise ValueError(
                 f"normaliser data is malformed: offset and scale must be non-empty lists of numbers, got shapes "
                 f"{offset.shape} and {scale.shape}; save it again"
+            )
+        small = np.flatnonzero(np.abs(scale) < _EPS)
+        if len(small):  # a constant dimension is saved with scale 1: a smaller one was written by hand or damaged
+            i = int(small[0])
+            raise ValueError(
+                f"scale {scale[i]:g} (dimension {i}) is below {_EPS:g}, which no saved normaliser holds (a constant "
+                "dimension is saved with scale 1); save it again, or recompute the dataset statistics"
             )
         return cls(data.get("mode"), offset, scale)
 
