@@ -16,6 +16,7 @@ from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature, PreTr
 from lerobot.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
 from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
+from action_tokenizers.base import MAX_ACTION_DIM, MAX_TIME_HORIZON
 from action_tokenizers.normalize import NORM_MODES
 from vla.data.reader import IMAGE_PREFIX
 from vla.model.presets import PRESETS
@@ -27,6 +28,9 @@ from vla.tokenizer_choice import parse_choice
 DTYPES = ("float32", "bfloat16")
 AUTO = "auto"  # a setting chosen from the dataset when `vla train` starts (vla.data.defaults)
 RELATIVE_CHOICES = ("none", "auto")  # or a mask per action dimension
+# Most action ids decoded per chunk: decoding reserves its cache for this many, so a larger value from a file would
+# ask the allocator for gigabytes. The longest constrained chunk (binning, 50 steps x 14 dims) needs 700.
+MAX_ACTION_TOKENS = 8192
 
 
 @PreTrainedConfig.register_subclass("vla")
@@ -55,6 +59,10 @@ class VLAConfig(PreTrainedConfig):
     # The chunk's length in seconds: when set, `vla train` sets time_horizon = round(chunk_seconds * fps) (it decides T
     # even where time_horizon is set too); None with time_horizon None: vla.data.defaults.CHUNK_SECONDS
     chunk_seconds: float | None = None
+    # Frames per second of the data the policy was trained on, recorded by `vla train` (and LeRobot's trainer): a chunk
+    # of time_horizon steps means time_horizon / fps seconds. Fine-tuning on data at another rate is refused unless
+    # this is set to that rate (--policy.fps=...). None: not recorded (policies saved before it was)
+    fps: float | None = None
     # actions executed from each chunk before predicting the next (<= time_horizon); None: half the chunk (vla train)
     n_action_steps: int | None = 5
     # LeRobot's field, here Optional: the states the policy reads (1: the current one); None: chosen when `vla train`
@@ -179,6 +187,15 @@ class VLAConfig(PreTrainedConfig):
         for name in ("action_dim", "image_size", "max_action_tokens"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "use a positive integer or leave it unset (None)")
+        for name, bound, label in (
+            ("time_horizon", MAX_TIME_HORIZON, "MAX_TIME_HORIZON"),
+            ("action_dim", MAX_ACTION_DIM, "MAX_ACTION_DIM"),
+            ("max_action_tokens", MAX_ACTION_TOKENS, "MAX_ACTION_TOKENS"),
+        ):
+            value = getattr(self, name)
+            _check(value is None or value <= bound, name, value, f"use at most {bound} (the bound {label})")
+        fps_ok = self.fps is None or 0 < self.fps < float("inf")
+        _check(fps_ok, "fps", self.fps, "use the data's frames per second, e.g. 10, or None (not recorded)")
         _check(self.state_dim is None or self.state_dim >= 0, "state_dim", self.state_dim,
                "use a positive integer, 0 (no state: an image-only policy) or leave it unset (None: from the data)")
         _check(self.image_shift >= 0, "image_shift", self.image_shift, "use 0 (no shift) or a few pixels, e.g. 4")

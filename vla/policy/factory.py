@@ -31,6 +31,9 @@ def build_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: lis
     With ``policy.pretrained_path`` (``--policy.path``) the saved policy instead (``finetune_policy``)."""
     if cfg.policy.pretrained_path is not None:
         return finetune_policy(cfg, info, train_episodes)
+    if cfg.policy.fps is not None and float(cfg.policy.fps) != float(info.fps):
+        given = cfg.policy.fps
+        raise ValueError(f"VLAConfig.fps = {given:g} but {info.root} is {info.fps:g} fps; leave fps unset (recorded)")
     stateless = cfg.policy.state_dim == 0 or info.state_dim is None  # an image-only policy
     # The compact vocabulary gives the prompt's words one id each (PaliGemma's own tokenizer already does).
     config = resolve_action_state(dataclasses.replace(
@@ -38,6 +41,7 @@ def build_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: lis
         text_words=[] if cfg.policy.backbone_path else prompt_words(info.tasks),
         action_dim=info.action_dim,
         state_dim=0 if stateless else info.state_dim,
+        fps=float(info.fps),
         init_seed=cfg.seed if cfg.policy.init_seed is None else cfg.policy.init_seed,
     ), info)  # fmt: skip
     # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see vla.data.stats.load_stats).
@@ -72,6 +76,9 @@ def finetune_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: 
     outside = float(np.mean(np.abs(policy.action_normalizer.normalize(chunks)) > 1))
     print(f"fine-tuning {path}: its weights, {policy.action_tokenizer.name} tokenizer and normalisers kept; "
           f"{outside:.1%} of the new training actions fall outside [-1, 1] once normalised")  # fmt: skip
+    if policy.config.fps is None:  # saved before policies recorded it: the rate it is trained on from now on
+        print(f"{path} does not record the fps of its training data; it now records this data's, {info.fps:g} fps")
+        policy.config.fps = float(info.fps)
     return policy
 
 
@@ -88,7 +95,7 @@ def check_finetuning(cfg: TrainConfig, info: reader.DatasetInfo) -> None:
         check_same_policy(saved, cfg.policy, path)
     except ValueError as err:
         raise ValueError(f"{err}. (--policy.path=DIR on the command line starts from the folder's own config)") from None
-    check_dataset_fits(saved, info.features, path, info.root)
+    check_dataset_fits(cfg.policy, info.features, path, info.root, fps=info.fps)  # its settings are saved's (above)
 
 
 def delta_scale(changes: np.ndarray) -> list[float]:

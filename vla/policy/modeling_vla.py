@@ -41,6 +41,7 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from safetensors.torch import load_model, save_model
 
 import action_tokenizers as at
+from action_tokenizers.io import check_tensor_kinds
 from vla.model.decode import generate
 from vla.policy.decode_info import DecodeInfo, DecodeStats
 from vla.policy.fitting import policy_tokenizer
@@ -100,6 +101,8 @@ class VLAPolicy(PreTrainedPolicy):
             state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
         if action_tokenizer is None:
             action_tokenizer = policy_tokenizer(config, getattr(dataset_meta, "root", None), action_normalizer)
+        if config.fps is None and getattr(dataset_meta, "fps", None):  # LeRobot's trainer: the data's rate, recorded
+            config.fps = float(dataset_meta.fps)
         self.action_tokenizer = action_tokenizer
         self.action_normalizer = action_normalizer
         self.state_normalizer = state_normalizer
@@ -128,6 +131,8 @@ class VLAPolicy(PreTrainedPolicy):
         else:
             text = LocalTextTokenizer(text_dir, size=PALIGEMMA_TEXT_VOCAB)
             self.vocab = VocabMap.paligemma(text, self.action_tokenizer.vocab_size)
+        if backbone_config is not None:  # a saved policy: its embedding table was sized for the tokenizer it saved
+            self._check_vocab_rows(backbone_config)
         self.model = build_model(
             config.preset,
             self.vocab,
@@ -174,6 +179,21 @@ class VLAPolicy(PreTrainedPolicy):
         self.last_decode_info: DecodeInfo | None = None
         self.reset()  # the executor (chunks -> one action per call) and the state history of select_action
         self._previous_action: torch.Tensor | None = None  # [B, D] raw, the last action select_action returned
+
+    def _check_vocab_rows(self, backbone_config: Any) -> None:
+        """Refuse a tokenizer whose vocabulary is not the one the saved embedding table was sized for (compact
+        vocabulary: the table holds exactly the text ids and the action ids): its ids would land on other rows."""
+        text = backbone_config.get("text_config", {}) if isinstance(backbone_config, dict) else None
+        rows = text.get("vocab_size") if text is not None else backbone_config.text_config.vocab_size
+        if self.vocab.layout != "compact" or rows is None or rows == self.vocab.model_vocab_size:
+            return
+        held = rows - self.vocab.action_base
+        raise ValueError(
+            f"the policy's embedding table holds {held} action ids but its {self.action_tokenizer.name} action "
+            f"tokenizer has {self.action_tokenizer.vocab_size}: it is not the tokenizer the policy was trained with. "
+            f"Load the policy with the tokenizer it was saved with ({TOKENIZER_DIR}/ as save_pretrained wrote it), or "
+            "train a new policy with this tokenizer (vla train without --policy.path)"
+        )
 
     def _resolve_dims(self) -> None:
         """Fill action_dim / state_dim from whatever knows them, and check everything agrees."""
@@ -241,7 +261,14 @@ class VLAPolicy(PreTrainedPolicy):
         raw_state = {OBS_STATE: batch[OBS_STATE]} if OBS_STATE in batch else {}  # for relative actions
         out = run(self.pipeline.outputs, {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors,
                                           **raw_state, NORMALIZED: normalized})  # fmt: skip
-        chunks = torch.as_tensor(np.nan_to_num(out[ACTION]), dtype=torch.float32)  # [B, T, D] raw
+        with np.errstate(over="ignore", invalid="ignore"):
+            raw = np.asarray(out[ACTION], dtype=np.float32)  # [B, T, D] raw; beyond float32's range: inf
+        finite = np.isfinite(raw).all(axis=(1, 2))
+        overflow = np.flatnonzero(out["valid"] & ~finite)  # decoded, but unnormalised past float32: never sent
+        out["valid"], out["errors"] = out["valid"] & finite, list(out["errors"])
+        for i in overflow:
+            out["errors"][i] = "the chunk is not finite once unnormalised (the action normaliser's scale or offset)"
+        chunks = torch.as_tensor(np.where(np.isfinite(raw), raw, 0.0), dtype=torch.float32)
         self._fall_back(chunks, out["valid"], out["errors"], normalized)
         self.decode_stats.chunks += len(chunks)
         self.decode_stats.tokens += int(gen.tokens_per_chunk[out["valid"]].sum())
@@ -358,7 +385,8 @@ class VLAPolicy(PreTrainedPolicy):
             check_same_policy(saved, config, path)
         meta = kwargs.get("dataset_meta")  # LeRobot's trainer: the dataset this policy is about to train on
         if meta is not None and getattr(meta, "features", None):
-            check_dataset_fits(saved, meta.features, path, getattr(meta, "root", "the dataset"))
+            where, fps = getattr(meta, "root", "the dataset"), getattr(meta, "fps", None)
+            check_dataset_fits(config, meta.features, path, where, fps)
         backbone_file = path / BACKBONE_CONFIG_FILE
         text_dir = path / TEXT_TOKENIZER_DIR
         policy = cls(
@@ -369,9 +397,14 @@ class VLAPolicy(PreTrainedPolicy):
             text_tokenizer_dir=text_dir if text_dir.is_dir() else None,
             backbone_config=read_json(backbone_file, "backbone config") if backbone_file.is_file() else None,
         )
-        try:
-            missing, unexpected = load_model(policy, str(path / WEIGHTS_FILE), strict=strict, device="cpu")
+        weights = path / WEIGHTS_FILE
+        fix = "the weights were converted or damaged: use the policy as vla saved it (float weights), or save it again"
+        try:  # integer weights where the model holds floats would be cast silently (and act with errors of 1e9)
+            check_tensor_kinds(weights, policy.state_dict(), fix)
+            missing, unexpected = load_model(policy, str(weights), strict=strict, device="cpu")
         except Exception as err:  # safetensors' own errors name neither the file nor the fix
+            if isinstance(err, ValueError) and str(weights) in str(err):  # check_tensor_kinds' own line
+                raise
             raise ValueError(f"{path / WEIGHTS_FILE} cannot be read ({str(err).splitlines()[0][:200]}); the file is "
                              "truncated or not a policy's weights (copy or save the policy again), or the config given "
                              "differs from the saved one in its shapes (preset, vision_encoder, cameras, state, "

@@ -75,13 +75,7 @@ class _Normalization:
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        missing = [f"{k}.{p}" for k in self.modes for p in ("offset", "scale") if f"{k}.{p}" not in state]
-        if missing:
-            raise ValueError(f"the {type(self).__name__} state lacks {', '.join(missing)}; save the policy again")
-        self.normalizers = {
-            k: at.Normalizer(mode, state[f"{k}.offset"].double().numpy(), state[f"{k}.scale"].double().numpy())
-            for k, mode in self.modes.items()
-        }
+        self.normalizers = normalizers_from_state(self.modes, state, f"the {type(self).__name__} state")
 
     def transform_features(self, features):
         return features
@@ -167,6 +161,50 @@ def check_processor_files(folder: str | Path) -> None:
                     "than as identity (its own vla_normalizer_processor normalises; LeRobot's would do it twice). "
                     "Set every norm_map entry to \"IDENTITY\", or save the policy again with vla"
                 )
+        check_state_files(Path(folder), path, steps if isinstance(steps, list) else [steps])
+
+
+def normalizers_from_state(
+    modes: dict[str, str], state: dict[str, torch.Tensor], where: str
+) -> dict[str, at.Normalizer]:
+    """The normalisers a step's state holds (``{key}.offset`` / ``{key}.scale`` per key of ``modes``), each checked
+    as a saved normaliser is (``Normalizer.from_dict``: float, finite, within bounds, no scale of 0); ``where`` (the
+    state file, or the step) starts every error."""
+    out = {}
+    for key, mode in modes.items():
+        values = {}
+        for part in ("offset", "scale"):
+            tensor = state.get(f"{key}.{part}")
+            if tensor is None:
+                raise ValueError(f"{where} lacks {key}.{part}; save the policy again")
+            if not torch.as_tensor(tensor).is_floating_point():
+                raise ValueError(f"{where}: {key}.{part} is {tensor.dtype}, not floating point; save the policy again")
+            values[part] = torch.as_tensor(tensor).double().numpy()
+        try:
+            out[key] = at.Normalizer.from_dict({"mode": mode, **values})
+        except ValueError as err:
+            raise ValueError(f"{where}: {key}: {err}") from None
+    return out
+
+
+def check_state_files(folder: Path, path: Path, steps: list) -> None:
+    """The normalisers in the state files of this policy's normalisation steps, read and checked as on load."""
+    from action_tokenizers.io import read_tensors
+
+    for step in steps:
+        if step.get("registry_name") not in (NORMALIZER_STEP, UNNORMALIZER_STEP) or not step.get("state_file"):
+            continue
+        file = folder / str(step["state_file"])
+        if file.parent != folder:
+            name = step["state_file"]
+            raise ValueError(f"{path} names the state file {name!r} outside the folder; save the policy again with vla")
+        if not file.is_file():
+            raise ValueError(f"{file} is missing ({path} names it); save the policy again")
+        modes = (step.get("config") or {}).get("modes") if isinstance(step.get("config"), dict) else None
+        if not isinstance(modes, dict):
+            name = step["registry_name"]
+            raise ValueError(f"{path}: the step {name!r} has no modes in its config; save the policy again with vla")
+        normalizers_from_state(modes, read_tensors(file, {}, "save the policy again"), str(file))
 
 
 def make_vla_pre_post_processors(

@@ -30,7 +30,7 @@ LOAD_CHANGEABLE = {
     "init_seed", "n_action_steps", "temporal_ensemble", "image_shift", "max_prefix_len", "max_action_tokens",
     "temperature", "top_p", "num_beams", "constrained", "use_kv_cache", "action_tokenizer_path",
     "action_tokenizer_type", "optimizer_lr", "optimizer_betas", "optimizer_eps", "optimizer_weight_decay",
-    "optimizer_grad_clip_norm", "scheduler_warmup_steps", "scheduler_decay_steps", "scheduler_decay_lr",
+    "optimizer_grad_clip_norm", "scheduler_warmup_steps", "scheduler_decay_steps", "scheduler_decay_lr", "fps",
 }  # fmt: skip
 
 
@@ -140,9 +140,20 @@ def check_same_policy(saved: VLAConfig, config: VLAConfig, path: Path) -> None:
                          "folder's, or train a new policy (without --policy.path)")  # fmt: skip
 
 
-def check_dataset_fits(config: VLAConfig, features: dict[str, Any], path: Path, dataset: Any) -> None:
-    """Refuse a dataset (LeRobot's ``features`` of its info.json) whose actions, state or cameras are not the ones
-    the policy at ``path`` reads and writes: training it there would fail at the first batch, or learn nonsense."""
+def check_dataset_fits(
+    config: VLAConfig, features: dict[str, Any], path: Path, dataset: Any, fps: float | None = None
+) -> None:
+    """Refuse a dataset (LeRobot's ``features`` of its info.json, its ``fps``) whose actions, state or cameras are
+    not the ones the policy at ``path`` reads and writes (training it there would fail at the first batch, or learn
+    nonsense), or whose frame rate is not the one ``config.fps`` records (its chunks would span another time)."""
+    if config.fps is not None and fps is not None and float(config.fps) != float(fps):
+        t = config.time_horizon
+        raise ValueError(
+            f"the policy at {path} was trained on {config.fps:g} fps data but {dataset} is {fps:g} fps: its "
+            f"{t}-step chunks would span {t / fps:.3g} s instead of {t / config.fps:.3g} s; fine-tune on "
+            f"{config.fps:g} fps data, or pass --policy.fps={fps:g} to fine-tune on this data anyway (the policy then "
+            f"records {fps:g} fps)"
+        )
     def dim(key: str) -> int | None:
         shape = (features.get(key) or {}).get("shape")
         return int(shape[-1]) if shape else None
