@@ -1,6 +1,7 @@
 """Closed-loop evaluation with a tiny (untrained) policy, and the demo's quick mode end to end."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -141,3 +142,24 @@ def test_the_demo_finds_its_configs_in_a_checkout_and_in_an_installed_wheel(tmp_
     assert configs_dir(installed) == installed / "configs"
     with pytest.raises(FileNotFoundError, match="reinstall"):
         configs_dir(tmp_path / "elsewhere" / "vla")
+
+
+def test_evaluation_behind_a_delay(tiny_policy, tmp_path):
+    now = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=2, max_steps=16, num_envs=2, progress=False)
+    zero = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=2, max_steps=16, num_envs=2, delay_ms=0,
+                             decode_ms=0, progress=False)
+    assert zero["delay_steps"] == 0 and zero["returns"] == now["returns"] and zero["chunks"] == now["chunks"]
+    # 100 ms at Meta-World's 80 Hz is 8 control steps; a synchronous robot holds 8 steps after each of its 4-action
+    # chunks: 16 steps are 4 run, 8 held, 4 run.
+    late = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=2, max_steps=16, num_envs=2, delay_ms=100,
+                             decode_ms=0, out_dir=tmp_path, progress=False)
+    saved = json.loads((tmp_path / "eval_info.json").read_text())
+    assert saved["delay_steps"] == 8 and saved["request"] == "when empty" and saved["held_steps_mean"] == 8
+    assert late["provenance"]["config"]["eval"]["delay_ms"] == 100
+    measured = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, max_steps=8, delay_ms=50, ahead=True,
+                                 progress=False)
+    assert measured["decode_ms"] > 0 and measured["delay_steps"] == math.ceil((50 + measured["decode_ms"]) * 80 / 1000)
+    with pytest.raises(ValueError, match="give --delay-ms too"):
+        evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, ahead=True, progress=False)
+    with pytest.raises(ValueError, match="--delay-ms must be a time in milliseconds"):
+        evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, delay_ms=-5, progress=False)

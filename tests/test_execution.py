@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vla.execution import ChunkQueue, TemporalEnsemble, executor
+from vla.execution import ChunkQueue, DelayedQueue, TemporalEnsemble, executor
 from vla.sim.rollout import run_episodes
 
 T, D = 4, 2
@@ -105,3 +105,56 @@ def test_rollout_with_an_ensemble_asks_every_step_and_runs_the_averages():
     assert len(calls) == 12 and ensembled.success and ensembled.length == 12
     with pytest.raises(ValueError, match="coefficient"):
         run_episodes([CountingEnv()], policy, [0], ensemble=-1.0)
+
+
+def _trace(queue, steps, chunk_len=6):
+    """What a queue runs over ``steps`` steps when each request at step s is answered by a chunk whose action i is
+    the number 100 * s + i (so an action names the step it was asked at and its index): None for a hold."""
+    ran = []
+    for s in range(steps):
+        if queue.needs_chunk():
+            queue.add(np.array([[100.0 * s + i] for i in range(chunk_len)]))
+        action = queue.pop()
+        ran.append(None if action is None else int(action[0]))
+    return ran
+
+
+def test_a_delayed_queue_without_delay_is_the_chunk_queue():
+    assert _trace(DelayedQueue(4, 0), 11) == _trace(ChunkQueue(4), 11) == [0, 1, 2, 3, 400, 401, 402, 403, 800, 801, 802]
+
+
+def test_a_synchronous_robot_holds_until_the_reply_and_runs_it_from_its_start():
+    # Asked at step 4 when the 4 actions ran out; the reply lands 2 steps later; the robot held meanwhile.
+    assert _trace(DelayedQueue(4, 2), 14) == [0, 1, 2, 3, None, None, 400, 401, 402, 403, None, None, 1000, 1001]
+
+
+def test_a_request_sent_ahead_lands_as_the_chunk_ends_and_skips_what_ran_meanwhile():
+    # Asked at step 2 (2 actions left), delivered at step 4, its first 2 actions (for steps 2, 3) skipped: no hold.
+    queue = DelayedQueue(4, 2, ahead=True)
+    ran = _trace(queue, 10)
+    assert ran == [0, 1, 2, 3, 202, 203, 204, 205, 602, 603]
+
+
+def test_a_late_reply_ahead_is_waited_for_with_the_rest_of_the_chunk_then_a_hold():
+    # 2 actions a chunk, a 5-step delay, chunks of 6: asked again at step 1, the reply lands at step 6 with its first
+    # 5 actions skipped; meanwhile the first chunk runs on to its end (2..5). The next reply is late again: hold.
+    assert _trace(DelayedQueue(2, 5, ahead=True), 9) == [0, 1, 2, 3, 4, 5, 105, None, None]
+
+
+def test_a_temporal_ensemble_with_a_delay_is_refused():
+    with pytest.raises(ValueError, match="temporal ensemble with a reply delay"):
+        executor(1, 0.01, delay_steps=3)
+
+
+def test_rollout_behind_a_delay_holds_and_counts_it():
+    def policy(observations):  # one unit a step: the counting env succeeds only if all 12 steps move
+        return np.ones((len(observations), T, 1))
+
+    [now] = run_episodes([CountingEnv()], policy, [0], n_action_steps=None)
+    [zero] = run_episodes([CountingEnv()], policy, [0], n_action_steps=None, delay_steps=0)
+    assert now == zero and now.success and now.held == 0
+    [late] = run_episodes([CountingEnv()], policy, [0], n_action_steps=None, delay_steps=2)
+    # Chunks of 4, a 2-step hold after each (CountingEnv has no hold_action: the last action, 1, runs again).
+    assert late.held == 4 and late.length == 12
+    [ahead] = run_episodes([CountingEnv()], policy, [0], n_action_steps=2, delay_steps=2, ahead=True)
+    assert ahead.held == 0 and ahead.success

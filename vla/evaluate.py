@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from vla.sim import EVAL_SEED_START, env_names, make_env
 from vla.sim.rollout import run_episodes, summarize
 
 
+MAX_DELAY_MS = 60_000.0  # a minute: beyond any network, and it keeps the step count small
 LATENCY_SAMPLES = 20  # observations re-run one at a time after the rollouts, for the batch-of-one latency
 
 
@@ -80,6 +82,19 @@ class ChunkPolicy:
             self.predict([obs])
             times.append((time.perf_counter() - start) * 1000)
         return np.asarray(times)
+
+
+def decode_time(runner: ChunkPolicy, env: Any, seed: int, reps: int = 5) -> float:
+    """Milliseconds the policy takes for one observation (the median of ``reps`` calls after a warm-up), on the
+    observation ``env`` starts from on ``seed``: the decode part of a delayed reply."""
+    obs = env.reset(seed)
+    runner.predict([obs])
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        runner.predict([obs])
+        times.append((time.perf_counter() - start) * 1000)
+    return float(np.median(times))
 
 
 def training_recording(policy_dir: str | Path) -> dict[str, Any]:
@@ -148,13 +163,22 @@ def evaluate(
     num_envs: int = 10,
     gif_episodes: int = 0,
     env_options: dict[str, Any] | None = None,
+    delay_ms: float | None = None,
+    decode_ms: float | None = None,
+    ahead: bool = False,
     out_dir: str | Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Closed-loop episodes on seeds ``seed_start ..``, ``num_envs`` at a time (the policy decodes their chunks
     as one batch; results do not depend on ``num_envs`` beyond floating-point noise in the batched forward).
     ``n_action_steps``, ``ensemble`` (temporal ensembling's coefficient) and ``num_beams`` (beam search's hypotheses
-    per chunk) default to the policy's."""
+    per chunk) default to the policy's.
+
+    ``delay_ms`` (a network round trip) puts the policy behind a delay: each chunk reaches the robot ``delay_ms`` plus
+    the decode time (``decode_ms``, measured on the first evaluation observation when not given) after the
+    observation it answers, converted to control steps at the simulator's rate, while the simulator keeps stepping
+    (``vla.execution.DelayedQueue``: the robot holds until the reply, or with ``ahead`` asks that many actions early).
+    None is no delay at all; ``delay_ms=0, decode_ms=0`` gives the same episodes."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     if num_envs < 1:
@@ -181,6 +205,11 @@ def evaluate(
         raise ValueError("--gif draws the policy's camera, and this policy has none (state only); drop --gif")
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(f"--out {out_dir} is a file; eval writes a folder (eval_info.json, rollouts.gif): pass a folder")
+    for name, value in (("delay_ms", delay_ms), ("decode_ms", decode_ms)):
+        if value is not None and not (np.isfinite(value) and 0 <= value <= MAX_DELAY_MS):
+            raise ValueError(f"--{name.replace('_', '-')} must be a time in milliseconds in 0..{MAX_DELAY_MS}, got {value}")
+    if (decode_ms is not None or ahead) and delay_ms is None:
+        raise ValueError("--decode-ms and --ahead model a delayed reply: give --delay-ms too (0 for decoding only)")
     if seed_start < EVAL_SEED_START:
         raise ValueError(f"evaluation seeds start at {EVAL_SEED_START}; {seed_start} could overlap training seeds")
     image_keys = list(config.image_keys)
@@ -203,6 +232,11 @@ def evaluate(
     envs = [make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps, **(env_options or {}))
             for name in names for _ in range(per_task)]  # fmt: skip
     _check_state_dim(envs, config.state_dim, env_options)
+    delay_steps = 0
+    if delay_ms is not None:
+        if decode_ms is None:
+            decode_ms = decode_time(runner, envs[0], seed_start)
+        delay_steps = math.ceil((delay_ms + decode_ms) * envs[0].fps / 1000 - 1e-9)
     on_step = None
     if record_frames:
 
@@ -218,7 +252,7 @@ def evaluate(
         bar = tqdm(total=len(episode_list), desc=f"eval {env_name}", unit="ep")
     try:
         results = run_episodes(envs, runner, episode_list, n_action_steps=steps, ensemble=ensemble,
-                               obs_steps=config.n_obs_steps, on_step=on_step,
+                               obs_steps=config.n_obs_steps, delay_steps=delay_steps, ahead=ahead, on_step=on_step,
                                on_episode=(lambda r: bar.update(1)) if bar else None)  # fmt: skip
     finally:
         if bar is not None:
@@ -238,6 +272,8 @@ def evaluate(
         batch_latency_ms_mean=float(batch_lat.mean()),  # one call over up to num_envs observations
         valid_chunk_rate=float(np.mean(runner.valid)) if runner.valid else 1.0,
         tokens_per_chunk=float(np.mean(runner.tokens)) if runner.tokens else 0.0,
+        **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, delay_steps=delay_steps,
+                                            request="ahead" if ahead else "when empty")),
     )
     if len(names) == 1:
         report = {**summarize(results), "env": env_name, "seed_start": seed_start, **common}
@@ -254,11 +290,13 @@ def evaluate(
             "mean_return": float(np.mean([r.ret for r in results])),
             "mean_length": float(np.mean([r.length for r in results])),
             "seed_start": seed_start,
+            **{k: v for k, v in summarize(results).items() if k.endswith("_mean") and k != "mean_return"},
             **common,
             "tasks": tasks,
         }
     settings = dict(env=env_name, episodes=episodes, seed_start=seed_start, n_action_steps=steps, ensemble=ensemble,
-                    num_beams=config.num_beams, max_steps=max_steps, num_envs=num_envs, env_options=env_options)
+                    num_beams=config.num_beams, max_steps=max_steps, num_envs=num_envs, env_options=env_options,
+                    **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead)))
     report["provenance"] = eval_provenance(policy_dir, settings)
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -338,6 +376,14 @@ def add_cli(subparsers) -> None:
     p.add_argument("--observation", choices=["privileged", "proprio", "lerobot"], default=None,
                    help="the observation convention the policy was trained on (vla data record --observation; default: "
                    "the one in its training data's meta/recording.json, else privileged)")
+    p.add_argument("--delay-ms", type=float, default=None, metavar="MS",
+                   help="put the policy behind a network: each chunk arrives MS of round trip plus the decode time "
+                   "after the observation it answers, the simulator stepping meanwhile (default: no delay)")
+    p.add_argument("--decode-ms", type=float, default=None, metavar="MS",
+                   help="with --delay-ms: the decode time to add (default: measured on the first observation)")
+    p.add_argument("--ahead", action="store_true",
+                   help="with --delay-ms: ask for the next chunk as many actions early as the delay lasts, skipping "
+                   "the reply's actions for the steps that ran meanwhile (default: ask when the chunk runs out, hold)")
     p.add_argument("--gif", type=int, default=0, help="save a GIF of this many episodes (policies with a camera)")
     p.add_argument("--out", type=Path, default=None, help="folder for eval_info.json (default: beside the policy)")
     p.set_defaults(func=_run)
@@ -350,7 +396,8 @@ def _run(args: argparse.Namespace) -> int:
         n_action_steps=args.n_action_steps, ensemble=args.temporal_ensemble, num_beams=args.num_beams,
         max_steps=args.max_steps,
         num_envs=args.num_envs, gif_episodes=args.gif,
-        env_options={"observation": args.observation} if args.observation else None, out_dir=out,
+        env_options={"observation": args.observation} if args.observation else None,
+        delay_ms=args.delay_ms, decode_ms=args.decode_ms, ahead=args.ahead, out_dir=out,
     )  # fmt: skip
     if "tasks" in report:
         print(task_table({"success": task_rates(report)}), end="")
@@ -359,4 +406,9 @@ def _run(args: argparse.Namespace) -> int:
         f"return {report['mean_return']:.1f}, latency {report['latency_ms_mean']:.0f} ms/chunk "
         f"(p95 {report['latency_ms_p95']:.0f}), valid chunks {report['valid_chunk_rate']:.1%}; wrote {out}"
     )
+    if "delay_steps" in report:
+        print(f"delay: {report['delay_ms']:.0f} ms round trip + {report['decode_ms']:.1f} ms decode = "
+              f"{report['delay_steps']} control steps, request {report['request']}; the robot held "
+              f"{report['held_steps_mean']:.1f} steps an episode, jump at the hand-over {report['switch_jump_mean']:.3f} "
+              f"(within chunks {report['step_change_mean']:.3f})")
     return 0

@@ -7,7 +7,12 @@ Low-Cost Hardware"): the weight of the i-th oldest prediction for the current st
 positive ``coeff`` trusts older predictions more and ``coeff = 0`` averages them evenly. It smooths the switch
 from one chunk to the next, which an open-loop chunk policy otherwise makes as a jump.
 
-Both executors work on one chunk ``[T, D]`` (the rollout loop, one per episode) or a batch ``[B, T, D]``
+``DelayedQueue`` is the queue for a policy whose reply takes ``delay`` control steps to arrive (a network round trip
+plus the decode), while the robot keeps stepping: the request is sent when the chunk runs out and the robot holds
+until the reply (``ahead=False``, synchronous), or ``delay`` actions before it runs out, so that the reply lands as the
+chunk ends and its first ``delay`` actions, meant for the steps that ran meanwhile, are skipped (``ahead=True``).
+
+The queue and the ensemble work on one chunk ``[T, D]`` (the rollout loop, one per episode) or a batch ``[B, T, D]``
 (``VLAPolicy.select_action``), numpy or torch: actions are read as ``chunk[..., t, :]``.
 """
 
@@ -31,6 +36,7 @@ class ChunkQueue:
         self._chunk: Any = None
         self._next = 0
         self._stop = 0
+        self.switched = False  # the last pop ran a chunk's first action
 
     def needs_chunk(self) -> bool:
         return self._next >= self._stop
@@ -45,6 +51,7 @@ class ChunkQueue:
         if self.needs_chunk():
             raise RuntimeError("no action left: add a chunk first (needs_chunk() says when)")
         action = self._chunk[..., self._next, :]
+        self.switched = self._next == 0
         self._next += 1
         return action
 
@@ -88,6 +95,79 @@ class TemporalEnsemble:
         return total / norm
 
 
+class DelayedQueue:
+    """A chunk queue whose replies arrive ``delay_steps`` control steps after the request (``vla eval --delay-ms``).
+
+    Each step the rollout asks ``needs_chunk()``; when it says yes, it predicts a chunk from this step's observation and
+    ``add``s it: the chunk is delivered ``delay_steps`` later (at once for the episode's first chunk: the robot starts
+    when its first chunk is there). ``pop()`` gives the step's action, or None when the robot has nothing to run and
+    holds (the simulator says what holding is: ``hold_action``).
+
+    * ``ahead=False`` (synchronous, today's robot client): ask when the chunk's ``n_action_steps`` have run; hold
+      until the reply; run it from its first action (the robot did not move meanwhile).
+    * ``ahead=True``: ask when ``delay_steps`` of them remain; meanwhile the current chunk runs on (beyond
+      ``n_action_steps`` when the reply is late, then the robot holds); the reply's first ``delay_steps`` actions
+      are for the steps that ran while it was on its way, and are skipped.
+
+    With ``delay_steps = 0`` both are exactly ``ChunkQueue``. ``switched`` says whether the last ``pop`` ran the first
+    action of a new chunk (for the jump at the hand-over).
+    """
+
+    def __init__(self, n_action_steps: int | None, delay_steps: int, ahead: bool = False) -> None:
+        if n_action_steps is not None and n_action_steps < 1:
+            raise ValueError(f"n_action_steps must be at least 1 (or None for whole chunks), got {n_action_steps}")
+        if delay_steps < 0:
+            raise ValueError(f"a delay is a number of control steps >= 0, got {delay_steps}")
+        self.n_action_steps, self.delay_steps, self.ahead = n_action_steps, int(delay_steps), bool(ahead)
+        self.reset()
+
+    def reset(self) -> None:
+        self._chunk: Any = None  # the chunk running now, its skipped actions already cut off
+        self._next = 0  # index of its next action
+        self._stop = 0  # its planned actions end here (n_action_steps); later ones run only while a reply is late
+        self._reply: Any = None  # the chunk on its way
+        self._wait = 0  # steps until it arrives
+        self._new = False  # the running chunk's first action has not run yet
+        self.switched = False
+
+    def _deliver(self) -> None:
+        if self._reply is None or self._wait > 0:
+            return
+        chunk = self._reply[..., self._skip :, :]
+        self._reply = None
+        self._chunk, self._next, self._new = chunk, 0, True
+        self._stop = min(chunk.shape[-2], self.n_action_steps or chunk.shape[-2])
+
+    def needs_chunk(self) -> bool:
+        self._deliver()
+        if self._reply is not None:
+            return False
+        left = self._stop - self._next if self._chunk is not None else 0
+        return left <= (self.delay_steps if self.ahead and self._chunk is not None else 0)
+
+    def add(self, chunk: Any) -> None:
+        """A chunk predicted from the current step's observation; it arrives ``delay_steps`` steps from now."""
+        first = self._chunk is None
+        self._reply, self._wait = chunk, 0 if first else self.delay_steps
+        self._skip = self.delay_steps if self.ahead and not first else 0
+        self._deliver()
+
+    def pop(self) -> Any:
+        """The current step's action ``[..., D]``, or None when the robot holds; then one step on."""
+        self._deliver()
+        action, self.switched = None, False
+        running_on = self.ahead and self._reply is not None  # a late reply: the rest of the chunk runs meanwhile
+        if self._chunk is not None and (self._next < self._stop or (running_on and self._next < self._chunk.shape[-2])):
+            action = self._chunk[..., self._next, :]
+            self.switched, self._new = self._new, False
+            self._next += 1
+        elif self._chunk is None and self._reply is None:
+            raise RuntimeError("no action left: add a chunk first (needs_chunk() says when)")
+        if self._reply is not None:
+            self._wait -= 1
+        return action
+
+
 class StateHistory:
     """The last ``n`` states of an episode, oldest first; the first one repeated until there are n (as LeRobot pads
     ``n_obs_steps``). One per episode: the rollout loop keeps one per env, ``VLAPolicy.select_action`` one per batch."""
@@ -105,11 +185,17 @@ class StateHistory:
         return list(self.frames)
 
 
-def executor(n_action_steps: int | None, ensemble: float | None) -> ChunkQueue | TemporalEnsemble:
-    """The queue for ``ensemble=None``; else a temporal ensemble asking every ``n_action_steps`` (default 1)."""
+def executor(
+    n_action_steps: int | None, ensemble: float | None, delay_steps: int = 0, ahead: bool = False
+) -> ChunkQueue | TemporalEnsemble | DelayedQueue:
+    """The queue for ``ensemble=None`` (a ``DelayedQueue`` when replies take ``delay_steps`` > 0 or are asked
+    ``ahead``); else a temporal ensemble asking every ``n_action_steps`` (default 1)."""
+    if ensemble is not None and (delay_steps or ahead):
+        raise ValueError("a temporal ensemble with a reply delay is not supported: drop --temporal-ensemble, or run "
+                         "with --delay-ms 0")
     if ensemble is None:
-        return ChunkQueue(n_action_steps)
+        return DelayedQueue(n_action_steps, delay_steps, ahead) if delay_steps or ahead else ChunkQueue(n_action_steps)
     return TemporalEnsemble(ensemble, every=n_action_steps or 1)
 
 
-__all__ = ["ChunkQueue", "StateHistory", "TemporalEnsemble", "executor"]
+__all__ = ["ChunkQueue", "DelayedQueue", "StateHistory", "TemporalEnsemble", "executor"]

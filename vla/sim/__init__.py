@@ -48,6 +48,8 @@ class Env(Protocol):
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, dict[str, Any]]: ...
 
+    def hold_action(self, last: Any) -> Any: ...  # what runs while a chunk is late (``Episode.hold_action``)
+
     def close(self) -> None: ...
 
 
@@ -154,6 +156,12 @@ class Episode:
         truncated = bool(cut) or self._steps >= self.max_steps
         self._done = bool(success or failed or truncated)
         return self._done, truncated
+
+    def hold_action(self, last: Any) -> Any:
+        """What the robot runs while it waits for a late chunk, given the last action it ran: by default that action
+        again (a position target holds the pose). A simulator whose actions are displacements or velocities
+        overrides it."""
+        return last
 
     def close(self) -> None:
         """Release the renderer (EGL contexts left to interpreter teardown print errors)."""

@@ -223,6 +223,10 @@ class MetaWorldEnv(Episode):
         raw, _ = self._env.reset()
         return self._observe(raw)
 
+    def hold_action(self, last: np.ndarray) -> np.ndarray:
+        """Holding still: no displacement, the gripper's last effort kept (an open or closed hand stays so)."""
+        return np.concatenate([np.zeros(3), np.asarray(last, dtype=np.float64)[3:]])
+
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Apply one action (float [4], clipped to [-1, 1]); return ``(obs, reward, done, info)``."""
         action = self.checked(action, ACTION_DIM, "Meta-World actions")

@@ -3,20 +3,21 @@
 A policy is any callable ``policy_fn(obs) -> actions [T, D]`` (numpy or torch; a single action [D] is
 read as T = 1). The loop executes the first ``n_action_steps`` actions of each chunk (all of them when None),
 then asks again, or with ``ensemble`` asks every ``n_action_steps`` (default 1) and runs ACT's temporal ensemble of
-the overlapping chunks (``vla.execution``). An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
+the overlapping chunks (``vla.execution``). With ``delay_steps`` a chunk arrives that many steps after it was asked
+for, the simulator stepping meanwhile (``vla.execution.DelayedQueue``), as behind a network and a slow decode. An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
 evaluation (``vla.evaluate``) use the same loop, so the expert scores the same here as it did there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from lerobot.utils.constants import OBS_STATE
 
-from vla.execution import ChunkQueue, StateHistory, TemporalEnsemble, executor
+from vla.execution import ChunkQueue, DelayedQueue, StateHistory, TemporalEnsemble, executor
 from vla.sim import Env
 
 Policy = Callable[[dict[str, Any]], Any]
@@ -31,6 +32,9 @@ class EpisodeResult:
     ret: float  # sum of rewards
     length: int  # actions executed
     env: str = ""  # the env's name ("metaworld/push-v3")
+    held: int = 0  # steps the robot held still waiting for a late chunk (delay_steps > 0)
+    switch_jump: float = 0.0  # mean |a_t - a_(t-1)| (2-norm) where a new chunk took over: the jerk at the hand-over
+    step_change: float = 0.0  # the same within chunks, for scale
 
 
 @dataclass
@@ -39,16 +43,38 @@ class _Running:
 
     index: int  # position in ``seeds``
     obs: dict[str, Any]
-    actions: ChunkQueue | TemporalEnsemble
+    actions: ChunkQueue | TemporalEnsemble | DelayedQueue
     history: StateHistory | None = None  # obs_steps > 1
     seen: dict[str, Any] | None = None  # what the policy is shown: obs, its state as the history [n, S] when kept
     ret: float = 0.0
     length: int = 0
+    last: np.ndarray | None = None  # the last action run
+    held: int = 0
+    switch_changes: list[float] = field(default_factory=list)  # |a_t - a_(t-1)| where a new chunk took over
+    step_changes: list[float] = field(default_factory=list)  # ... and within a chunk
+
+    def act(self, env: Env) -> np.ndarray:
+        """This step's action from the executor (the simulator's hold when a late chunk leaves none), its change
+        from the last one counted as a hand-over's or a within-chunk one."""
+        action = self.actions.pop()
+        if action is None:
+            self.held += 1
+            hold = getattr(env, "hold_action", None)
+            return hold(self.last) if hold is not None else self.last
+        if self.last is not None:
+            change = float(np.linalg.norm(np.asarray(action) - self.last))
+            (self.switch_changes if getattr(self.actions, "switched", False) else self.step_changes).append(change)
+        self.last = np.asarray(action, dtype=np.float64)
+        return action
 
     def observe(self, obs: dict[str, Any]) -> None:
         self.obs = self.seen = obs
         if self.history is not None and OBS_STATE in obs:
             self.seen = {**obs, OBS_STATE: np.stack(self.history.push(np.asarray(obs[OBS_STATE])))}
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else 0.0
 
 
 def _as_chunk(actions: Any, action_dim: int) -> np.ndarray:
@@ -89,6 +115,8 @@ def run_episodes(
     n_action_steps: int | None = None,
     ensemble: float | None = None,
     obs_steps: int = 1,
+    delay_steps: int = 0,
+    ahead: bool = False,
     on_step: Callable[[int, dict[str, Any], np.ndarray], None] | None = None,
     on_episode: Callable[[EpisodeResult], None] | None = None,
 ) -> list[EpisodeResult]:
@@ -104,13 +132,18 @@ def run_episodes(
     every ``n_action_steps`` steps (default 1). ``obs_steps = n`` > 1 shows the policy the last n states [n, S]
     of the episode (oldest first; its first repeated until there are n), for policies trained with ``n_obs_steps``.
 
+    ``delay_steps = d`` delivers each chunk d steps after the observation it was predicted from (the episode's first
+    at once), the envs stepping meanwhile: synchronous (the robot holds until the reply) or, with ``ahead``, asked d
+    actions early with the reply's first d actions skipped (``vla.execution.DelayedQueue``). d = 0 (and not
+    ``ahead``) is exactly the loop without a delay.
+
     ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]``; ``on_episode``
     sees each result as it ends (for a progress bar). A batch policy must keep no per-episode state: chunks are
     executed by this loop, not queued in the policy.
     """
     if not envs:
         raise ValueError("run_episodes needs at least one env")
-    executor(n_action_steps, ensemble)  # a bad n_action_steps or coefficient fails here, before any env resets
+    executor(n_action_steps, ensemble, delay_steps, ahead)  # bad settings fail here, before any env resets
     episodes = [(s[0], int(s[1])) if isinstance(s, tuple) else (None, int(s)) for s in seeds]
     missing = {name for name, _ in episodes if name is not None} - {env.name for env in envs}
     if missing:
@@ -126,7 +159,7 @@ def run_episodes(
             return
         pending.remove(k)
         history = StateHistory(obs_steps) if obs_steps > 1 else None
-        running[e] = _Running(k, {}, executor(n_action_steps, ensemble), history)
+        running[e] = _Running(k, {}, executor(n_action_steps, ensemble, delay_steps, ahead), history)
         running[e].observe(envs[e].reset(episodes[k][1]))
 
     for e in range(len(envs)):
@@ -144,7 +177,7 @@ def run_episodes(
         for e, run in enumerate(running):
             if run is None:
                 continue
-            action = run.actions.pop()
+            action = run.act(envs[e])
             if on_step is not None:
                 on_step(run.index, run.obs, action)
             obs, reward, done, info = envs[e].step(action)
@@ -153,7 +186,8 @@ def run_episodes(
             run.length += 1
             if done:
                 seed = episodes[run.index][1]
-                result = EpisodeResult(seed, bool(info["success"]), float(run.ret), run.length, envs[e].name)
+                result = EpisodeResult(seed, bool(info["success"]), float(run.ret), run.length, envs[e].name, run.held,
+                                       _mean(run.switch_changes), _mean(run.step_changes))
                 results[run.index] = result
                 if on_episode is not None:
                     on_episode(result)
@@ -175,6 +209,9 @@ def summarize(results: list[EpisodeResult]) -> dict[str, Any]:
         "returns": returns,
         "lengths": lengths,
         "seeds": [r.seed for r in results],
+        "held_steps_mean": float(np.mean([r.held for r in results])) if results else 0.0,
+        "switch_jump_mean": float(np.mean([r.switch_jump for r in results])) if results else 0.0,
+        "step_change_mean": float(np.mean([r.step_change for r in results])) if results else 0.0,
     }
 
 

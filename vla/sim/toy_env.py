@@ -108,6 +108,10 @@ class ToyObstacleEnv(Episode):
         self.position = np.asarray(START) + rng.uniform(-JITTER, JITTER, 2)
         return self._observe()
 
+    def hold_action(self, last: Any) -> np.ndarray:
+        """Holding still: zero velocity."""
+        return np.zeros(ACTION_DIM)
+
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Move by ``STEP * clip(action)``; return ``(obs, reward, done, info)`` (info: success, collision, truncated)."""
         action = self.checked(action, ACTION_DIM, "toy actions (a velocity)")
