@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from vla.cli import main
@@ -86,3 +87,64 @@ def test_a_data_file_the_episode_table_names_but_the_folder_lacks(tiny_dataset_r
     assert main(["data", "info", str(root)]) == 1
     line = one_line_error(capsys, "data")
     assert f"1 data file(s) cannot be read ({path.relative_to(root)}: episodes 0-3 (missing))" in line
+
+
+def rewrite_parquet(path: Path, **columns) -> None:
+    """``path`` with ``columns`` replaced (name -> function of the old numpy column), written under a temporary name
+    then renamed, keeping the file's schema (LeRobot's feature metadata included)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    for name, change in columns.items():
+        column = table.column(name)
+        i = table.column_names.index(name)
+        table = table.set_column(i, table.field(name), pa.array(change(column.to_numpy()), column.type))
+    pq.write_table(table, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+
+
+def refused_everywhere(root: Path, tmp_path: Path, capsys, message: str) -> None:
+    """`vla data info` and `vla train` both end in one line holding ``message``; training writes nothing."""
+    assert main(["data", "info", str(root)]) == 1
+    assert message in one_line_error(capsys, "data")
+    assert main(train_args(root, tmp_path / "run")) == 1
+    assert message in one_line_error(capsys, "train")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_task_index_missing_from_the_task_table_is_refused_before_training(tiny_dataset_root, tmp_path, capsys):
+    """`vla data info` said nothing and `vla train` died with IndexError at its first batch, leaving
+    train_config.json behind."""
+    root = shutil.copytree(tiny_dataset_root, tmp_path / "ds")
+    data = sorted((root / "data").glob("*/*.parquet"))[0]
+    rewrite_parquet(data, task_index=lambda t: t + 3 * (np.arange(len(t)) >= 198))  # episode 3: task_index 3
+    refused_everywhere(root, tmp_path, capsys, f"{root}: the data's task_index 3 (episodes 3) names no task: "
+                       "meta/tasks.parquet lists task_index 0..0; restore meta/tasks.parquet or download or record")
+    (root / "meta" / "tasks.parquet").unlink()
+    refused_everywhere(root, tmp_path, capsys, f"{root}: the data's task_index 0, 3 (episodes 0-3) names no task: "
+                       "meta/tasks.parquet is missing; restore meta/tasks.parquet")
+
+
+def test_an_episode_table_length_that_disagrees_with_the_data_is_refused(tiny_dataset_root, tmp_path, capsys):
+    """Episode metadata saying 20 frames where the data held 64: info and training counted different frames."""
+    root = shutil.copytree(tiny_dataset_root, tmp_path / "ds")
+    table = sorted((root / "meta" / "episodes").glob("*/*.parquet"))[0]
+    rewrite_parquet(table, length=lambda n: np.where(np.arange(len(n)) == 0, 20, n))
+    refused_everywhere(root, tmp_path, capsys, f"{root}: meta/episodes says episode 0 has 20 frames but the data "
+                       "holds 64; the episode table does not match the data: download or record the dataset again")
+
+
+def test_an_episode_whose_timestamps_are_all_equal_is_flagged(tiny_dataset_root, tmp_path, capsys):
+    root = shutil.copytree(tiny_dataset_root, tmp_path / "ds")
+    data = sorted((root / "data").glob("*/*.parquet"))[0]
+    rewrite_parquet(data, timestamp=lambda t: np.where((np.arange(len(t)) >= 64) & (np.arange(len(t)) < 132), 0, t))
+    assert main(["data", "info", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: episodes 1: every frame has the same timestamp (0 s) instead of frame_index / fps (0.0125 s " \
+           "apart), so frames found by time (LeRobot's reader, videos) would all be the first" in out
+    from vla.data.torch_dataset import ActionChunkDataset
+
+    with pytest.raises(ValueError, match=r"episodes 1: every frame has the same timestamp \(0 s\)"):
+        ActionChunkDataset(root, 5, backend="lerobot")  # LeRobot reads chunks by time: refused
+    assert len(ActionChunkDataset(root, 5, backend="memory")) == 248  # by row: the timestamps are not read

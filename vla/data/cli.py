@@ -179,13 +179,16 @@ def _stats(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from vla.data import defaults
     from vla.config import load_config
-    from vla.data.reader import check_files, check_values, dataset_info
+    from vla.data.reader import check_files, check_frames, check_values, dataset_info
     from vla.data.videos import check_videos
 
     info = dataset_info(args.root)
     print(info.describe())
     check_videos(info)  # a missing video file: an error naming it, after the description
     check_files(info)  # a damaged or missing data file: an error naming it and its episodes
+    timestamps = check_frames(info)  # rows that disagree with meta/ (tasks, episode lengths): an error saying which
+    if timestamps:
+        print(f"  WARNING: {timestamps}")
     problems = check_values(info)
     for name, problem in problems.items():
         print(f"  WARNING: '{name}' holds NaN or inf: {problem}")

@@ -211,4 +211,9 @@ def read_tasks(root: Path) -> list[str]:
     frame = read_parquet(path, what="task table").to_pandas()  # the task string is the index, task_index a column
     if "task_index" not in frame.columns:
         raise ValueError(f"{path} has no 'task_index' column; the task table is not LeRobot v3.0's: {REDOWNLOAD}")
-    return [str(task) for task in frame.sort_values("task_index").index]
+    frame = frame.sort_values("task_index")
+    listed = frame["task_index"].tolist()
+    if listed != list(range(len(listed))):  # the list is read by position: a gap would give rows the wrong task
+        must = f"they must be 0..{len(listed) - 1}, one row each"
+        raise ValueError(f"{path} lists task_index {listed[:10]}; {must}: {REDOWNLOAD}")
+    return [str(task) for task in frame.index]

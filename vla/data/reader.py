@@ -32,6 +32,7 @@ finds the video files a dataset's episode table names but the folder lacks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
@@ -78,6 +79,11 @@ class DatasetInfo:
     def num_episodes(self) -> int:
         return len(self.episode_index)
 
+    @cached_property
+    def frame_check(self) -> FrameCheck:
+        """The data rows checked against ``meta/`` (their index columns read once, on first use)."""
+        return FrameCheck.read(self)
+
     @property
     def num_frames(self) -> int:
         return int(self.episode_lengths.sum())
@@ -119,6 +125,74 @@ class DatasetInfo:
                 f"{self.recording.get('attempts')} attempts"
             )
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class FrameCheck:
+    """The data rows against ``meta/``, from their index columns only (``episode_index``, ``task_index``,
+    ``timestamp``): ``errors`` make the frames unusable (a ``task_index`` that ``meta/tasks.parquet`` does not list,
+    an episode whose rows disagree with the episode table's length), ``timestamps`` names the episodes whose
+    timestamps are all equal (harmless where frames are read by row, wrong where they are found by time: LeRobot's
+    reader, video frames)."""
+
+    errors: tuple[str, ...]
+    timestamps: str | None
+
+    @classmethod
+    def read(cls, info: DatasetInfo) -> FrameCheck:
+        import pyarrow as pa
+
+        columns = ["episode_index"] + [c for c in ("task_index", "timestamp") if c in info.features]
+        files = sorted((info.root / "data").glob("*/*.parquet"))
+        table = pa.concat_tables([meta.read_parquet(path, columns=columns) for path in files])
+        episode_of = table.column("episode_index").to_numpy()
+        ids, counts = np.unique(episode_of, return_counts=True)
+        held = dict(zip(ids.tolist(), counts.tolist()))
+        listed = zip(info.episode_index.tolist(), info.episode_lengths.tolist())
+        wrong = [(e, n, held.get(e, 0)) for e, n in listed if held.get(e, 0) != n]
+        errors = []
+        if wrong:
+            (episode, said, rows), more = wrong[0], len(wrong) - 1
+            others = f" ({more} more episodes disagree)" if more else ""
+            errors.append(
+                f"{info.root}: meta/episodes says episode {episode} has {said} frames but the data holds {rows}"
+                f"{others}; the episode table does not match the data: {meta.REDOWNLOAD}"
+            )
+        if "task_index" in info.features:
+            task_index = table.column("task_index").to_numpy()
+            bad = (task_index < 0) | (task_index >= len(info.tasks))
+            if bad.any():
+                unknown = ", ".join(str(t) for t in sorted(set(task_index[bad].tolist()))[:5])
+                episodes = episode_ranges(sorted(set(episode_of[bad].tolist())))
+                tasks = f"lists task_index 0..{len(info.tasks) - 1}" if info.tasks else "is missing"
+                errors.append(
+                    f"{info.root}: the data's task_index {unknown} (episodes {episodes}) names no task: "
+                    f"meta/tasks.parquet {tasks}; restore meta/tasks.parquet or {meta.REDOWNLOAD}"
+                )
+        timestamps = None
+        if "timestamp" in info.features:
+            time = table.column("timestamp").to_numpy().astype(np.float64)
+            frozen = [e for e in ids.tolist() if held[e] > 1 and np.ptp(time[episode_of == e]) == 0]
+            if frozen:
+                first = float(time[episode_of == frozen[0]][0])
+                timestamps = (
+                    f"episodes {episode_ranges(frozen)}: every frame has the same timestamp ({first:g} s) instead of "
+                    f"frame_index / fps ({1 / info.fps:g} s apart), so frames found by time (LeRobot's reader, "
+                    f"videos) would all be the first: fix the timestamps or {meta.REDOWNLOAD}"
+                )
+        return cls(tuple(errors), timestamps)
+
+
+def check_frames(root: str | Path | DatasetInfo, *, by_time: bool = False) -> str | None:
+    """A ``ValueError`` (the first problem, one line) when the data rows disagree with ``meta/`` (``FrameCheck``);
+    with ``by_time`` (frames found by their timestamps) equal timestamps in an episode too. Returns the note on equal
+    timestamps otherwise (None when there is none)."""
+    check = as_info(root).frame_check
+    if check.errors:
+        raise ValueError(check.errors[0])
+    if by_time and check.timestamps:
+        raise ValueError(f"{as_info(root).root}: {check.timestamps}")
+    return check.timestamps
 
 
 def as_info(source: str | Path | DatasetInfo) -> DatasetInfo:
@@ -320,6 +394,7 @@ def _read_frames(
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    check_frames(info)  # rows that disagree with meta/ are refused before anything is built from them
     scalars = ["index", "episode_index"] + (["task_index"] if "task_index" in info.features else [])
     tables = []
     for path in sorted((info.root / "data").glob("*/*.parquet")):

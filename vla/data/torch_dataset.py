@@ -32,6 +32,7 @@ from vla.data.reader import (
     _check_time_horizon,
     _read_frames,
     as_info,
+    check_frames,
 )
 from vla.data.columns import _chunks_at
 from vla.data.videos import check_videos, video_index, video_keys
@@ -65,6 +66,7 @@ def open_dataset(
     keep = _check_image_keys(info, image_keys)
     # LeRobot opens a dataset only with every video file of the episodes asked for (it would try to download them).
     check_videos(info, None, selected)
+    check_frames(info, by_time=True)  # LeRobot finds each chunk's frames by their timestamps
 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # slow import: only when sampling
 
@@ -172,6 +174,7 @@ class ActionChunkDataset(torch.utils.data.Dataset):
             self._length = len(self.lerobot)
         else:
             check_videos(self.info, self.image_keys, selected)  # before any decoding: nothing done in vain
+            check_frames(self.info, by_time=any(k in video_keys(self.info) for k in self.image_keys))  # video: by time
             vectors = [OBS_STATE, ACTION] if self._state else [ACTION]
             videos = [k for k in self.image_keys if k in video_keys(self.info)]
             columns = (("timestamp",) if videos else ()) + tuple(k for k in self.image_keys if k not in videos)
