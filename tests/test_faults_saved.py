@@ -184,12 +184,16 @@ def test_vla_tokenizer_fit_bounds_its_options(tiny_dataset_root, tmp_path, capsy
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing written, not even a temporary folder
 
 
-def test_max_action_tokens_from_a_saved_config_is_bounded(saved_policy, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("field", "bound"), [("max_action_tokens", 8192), ("image_size", 1024), ("time_horizon", 1024)]
+)
+def test_sizes_in_a_saved_policy_config_are_bounded(saved_policy, tmp_path, capsys, field, bound):
     folder = copy_of(saved_policy, tmp_path)
     path = folder / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "max_action_tokens": 10**9}))
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: 10**9}))
     err = refused_by_inspect(capsys, folder, tmp_path)
-    assert str(path) in err and "VLAConfig.max_action_tokens = 1000000000 is invalid: use at most 8192" in err, err
+    expected = f"VLAConfig.{field} = 1000000000 is invalid: use at most {bound} (its bound in SIZE_BOUNDS)"
+    assert str(path) in err and expected in err, err
 
 
 # --- 4. fine-tuning at another frame rate; a tokenizer that is not the policy's ---------------------------------------

@@ -31,6 +31,20 @@ RELATIVE_CHOICES = ("none", "auto")  # or a mask per action dimension
 # Most action ids decoded per chunk: decoding reserves its cache for this many, so a larger value from a file would
 # ask the allocator for gigabytes. The longest constrained chunk (binning, 50 steps x 14 dims) needs 700.
 MAX_ACTION_TOKENS = 8192
+# Upper bounds on every size a config (or a saved policy's config.json) sets: the model, its inputs or decoding are
+# allocated by them, so a value beyond (1e9 from a damaged file) is refused with the bound, not met by the allocator.
+SIZE_BOUNDS = {
+    "time_horizon": MAX_TIME_HORIZON,
+    "action_dim": MAX_ACTION_DIM,
+    "max_action_tokens": MAX_ACTION_TOKENS,
+    "state_dim": 1024,  # a state's dimensions
+    "image_size": 1024,  # pixels per side (PaliGemma: 224 to 896)
+    "max_prefix_len": 8192,  # text tokens in the prefix
+    "state_bins": 1 << 16,  # text state encoding: integers per value
+    "state_tokens": 64,  # embedding state encoding: prefix embeddings
+    "n_obs_steps": 64,  # states read per observation
+    "num_beams": 64,  # beam search hypotheses per observation
+}
 
 
 @PreTrainedConfig.register_subclass("vla")
@@ -187,13 +201,10 @@ class VLAConfig(PreTrainedConfig):
         for name in ("action_dim", "image_size", "max_action_tokens"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "use a positive integer or leave it unset (None)")
-        for name, bound, label in (
-            ("time_horizon", MAX_TIME_HORIZON, "MAX_TIME_HORIZON"),
-            ("action_dim", MAX_ACTION_DIM, "MAX_ACTION_DIM"),
-            ("max_action_tokens", MAX_ACTION_TOKENS, "MAX_ACTION_TOKENS"),
-        ):
+        for name, bound in SIZE_BOUNDS.items():
             value = getattr(self, name)
-            _check(value is None or value <= bound, name, value, f"use at most {bound} (the bound {label})")
+            big = isinstance(value, (int, float)) and not isinstance(value, bool) and value > bound
+            _check(not big, name, value, f"use at most {bound} (its bound in SIZE_BOUNDS)")
         fps_ok = self.fps is None or 0 < self.fps < float("inf")
         _check(fps_ok, "fps", self.fps, "use the data's frames per second, e.g. 10, or None (not recorded)")
         _check(self.state_dim is None or self.state_dim >= 0, "state_dim", self.state_dim,
