@@ -45,8 +45,10 @@ def recommendation_text(results: dict[str, Any]) -> str:
     else:
         why = (f"none decodes every held-out chunk within RMSE {bound:g}, so the lowest error; raise --max-rmse, or "
                "try finer settings with --sweep")
-    notes = [f"{k} fitted {r['fit_report']['steps']} steps only (--fsq-steps; vla train fits up to 3000): its "
-             "error is an upper bound" for k, r in rows.items()
+    notes = [f"{k} fitted {r['fit_report']['steps']} steps only ("
+             + ("its time budget, --fsq-max-seconds" if r["fit_report"]["stopped"] == "time" else "--fsq-steps")
+             + "; vla train fits up to 3000): its error is an upper bound"
+             for k, r in rows.items()
              if r.get("fit_report", {}).get("stopped") in ("steps", "time") and r["fit_report"]["steps"] < 3000]
     given = "" if "given" not in results["time_horizon_why"] else f" --policy.time_horizon={t}"
     command = f"vla train --dataset_root={results['dataset']} {' '.join(rec['train_flags'])}{given}"
