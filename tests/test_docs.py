@@ -414,3 +414,104 @@ def test_the_library_example_on_the_tokenizers_page_runs(tmp_path, monkeypatch):
     exec(compile(blocks[0], "docs/tokenizers.md", "exec"), scope)  # noqa: S102 - our own documentation
     assert scope["out"].actions.shape == (4, 10, 7) and scope["out"].valid.all()
     assert scope["tok"].vocab_size >= 256 and (tmp_path / "outputs" / "tokenizers" / "fast").is_dir()
+
+
+# --- the docs agree with each other and with the traced results ----------------------------------------------------
+def _links(page: Path) -> set[Path]:
+    """Every file a page's relative links lead to."""
+    found = set()
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
+        file = target.partition("#")[0]
+        if file and not re.match(r"^[a-z]+:", file):
+            found.add((page.parent / file).resolve())
+    return found
+
+
+def test_the_docs_index_lists_every_page_and_every_results_folder():
+    index = ROOT / "docs" / "index.md"
+    linked = _links(index)
+    pages = [p for p in (ROOT / "docs").glob("*.md") if p != index]
+    studies = sorted(RESULTS.rglob("README.md"))
+    missing = [str(p.relative_to(ROOT)) for p in [*pages, *studies] if p.resolve() not in linked]
+    assert len(studies) >= 15 and not missing, f"docs/index.md does not link: {', '.join(missing)}"
+
+
+def _traced_studies() -> list[Path]:
+    """Study folders written by ``vla study``: every run recorded with what produced it (``runs.json``), and a page
+    that ``vla study table`` draws (``# Study `name` ``)."""
+    return sorted(r.parent for r in RESULTS.rglob("runs.json")
+                  if (r.parent / "README.md").is_file() and (r.parent / "README.md").read_text().startswith("# Study"))
+
+
+def _means(study: Path) -> list[float]:
+    """The bold success means of a study page's table (``| **94%** |``)."""
+    return [float(m) for m in re.findall(r"\|\s*\*\*(\d+(?:\.\d+)?)%\*\*\s*\|", (study / "README.md").read_text())]
+
+
+def _significant(study: Path) -> list[tuple[str, str, str]]:
+    """(better, worse, p) of each gap a study page calls significant."""
+    rows = re.findall(r"^\|[^|]*\|\s*(\S+)\s*\|\s*(\S+)\s*\|[^|]*\|\s*([0-9.]+)\s*\|\s*yes\s*\|$",
+                      (study / "README.md").read_text(), flags=re.M)
+    return [tuple(r) for r in rows]
+
+
+def test_the_readme_results_table_quotes_the_traced_studies():
+    """Each README row marked traced quotes its studies' means (to the half point the pages round to) and the p of
+    each significant gap; every traced study has a row, marked traced."""
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| [")]
+    assert rows
+    seen, wrong = set(), []
+    for row in rows:
+        studies = [RESULTS / name for name in re.findall(r"\]\(results/([^)]+)/README\.md\)", row)]
+        traced = row.rstrip(" |").endswith("yes")
+        for study in studies:
+            seen.add(study)
+            if study in _traced_studies() and not traced:
+                wrong.append(f"{study.name}: traced, but its row says not")
+        if not traced or not set(studies) & set(_traced_studies()):
+            continue
+        means = [m for s in studies for m in _means(s)]
+        for quoted in re.findall(r"\*\*(\d+(?:\.\d+)?)%\*\*", row):
+            if not any(abs(float(quoted) - m) <= 0.5 for m in means):
+                wrong.append(f"{studies[0].name}: the README says {quoted}%, its pages' means are {means}")
+        for study in studies:
+            for better, worse, p in _significant(study):
+                if f"p = {p}" not in row:
+                    wrong.append(f"{study.name}: {better} over {worse} is significant (p = {p}); the row does not say so")
+    wrong += [f"{s.name}: traced, but the README's results table has no row" for s in _traced_studies() if s not in seen]
+    assert len(_traced_studies()) >= 4 and not wrong, "; ".join(wrong)
+
+
+def test_choosing_a_tokenizer_cites_each_traced_verdict():
+    """docs/tokenizers.md's advice links every study with a significant gap and quotes its p, so it cannot say the
+    opposite of a traced verdict; and no page calls an ordering a study settled "not established"."""
+    text = (ROOT / "docs" / "tokenizers.md").read_text(encoding="utf-8")
+    advice = text[text.index("## Choosing a tokenizer"):]
+    page = ROOT / "docs" / "tokenizers.md"
+    linked = {p for p in _links(page) if p.name == "README.md"}
+    missing = []
+    for study in _traced_studies():
+        for better, worse, p in _significant(study):
+            if (study / "README.md").resolve() not in linked or f"p = {p}" not in advice.replace("p =\n   ", "p = "):
+                missing.append(f"{study.name} ({better} over {worse}, p = {p})")
+    assert not missing, f"docs/tokenizers.md's choosing section does not cite: {', '.join(missing)}"
+    settled = [str(p.relative_to(ROOT)) for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+               if re.search(r"ordering is not established|did not reproduce it", p.read_text(encoding="utf-8"))]
+    assert not settled, f"these pages call a settled ordering open: {settled}"
+
+
+def test_the_docs_name_fasts_default_order():
+    """README.md and docs/tokenizers.md describe FAST's flatten order as the code's default (and the published one as
+    byte_level's)."""
+    import action_tokenizers as at
+    from action_tokenizers.synthetic import smooth_chunks
+
+    chunks = smooth_chunks(64, time_horizon=8, action_dim=3, seed=0)
+    default = at.FASTTokenizer.fit(chunks).order
+    published = at.FASTTokenizer.fit(chunks, byte_level=True).order
+    assert default != published
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    intro = readme[readme.index("FAST (DCT"):][:200]
+    assert f"{default}-major flatten" in intro and f"published\n  {published}-major" in intro, intro
+    table = next(line for line in (ROOT / "docs" / "tokenizers.md").read_text().splitlines() if line.startswith("| `fast`"))
+    assert f"{default}-major order" in table and f"{published}-major" not in table.partition("byte_level")[0], table
