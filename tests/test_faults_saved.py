@@ -164,6 +164,7 @@ def test_sizes_in_a_saved_tokenizer_are_bounded_on_load(tmp_path, name, field, v
         ("beast", {"n_bins": 10**12}, "n_bins 1000000000000 is above the bound 65536 (MAX_N_BINS)"),
         ("beast", {"bound": 1e308}, "(MAX_BOUND"),
         ("fsq", {"hidden": 10**6}, "hidden 1000000 is above the bound 4096 (MAX_HIDDEN)"),
+        ("fsq", {"threads": 10**9}, "threads 1000000000 is above the bound 256 (MAX_THREADS)"),
         ("fast", {"vocab_size": 10**12}, "vocab_size 1000000000000 is above the bound 65536 (MAX_VOCAB_SIZE)"),
         ("fast", {"scale": 1e300}, "(SCALE_RANGE)"),
     ],

@@ -52,6 +52,7 @@ DEFAULT_LEVELS = (8, 5, 5, 5)  # 2^10 codes, the paper's recommendation and QueS
 VALUE_LIMIT = 1e4
 MAX_HIDDEN = 4096  # conv channels (64 by default): 4096 is already ~50M weights per conv block
 MAX_DEPTH = 64  # extra conv blocks on each side (2 by default)
+MAX_THREADS = 256  # torch CPU threads while fitting (1 by default): each is a thread torch starts
 
 
 class ChunkAutoencoder(nn.Module):
@@ -189,6 +190,7 @@ class FSQTokenizer(ActionTokenizer):
         levels = check_sizes(levels, hidden, depth)
         if not isinstance(threads, (int, np.integer)) or threads < 0:
             raise ValueError(f"threads must be an integer >= 0 (0: keep torch's setting), got {threads!r}")
+        check_size("threads", threads, 0, MAX_THREADS, "MAX_THREADS")
         if not isinstance(patience, (int, np.integer)) or patience < 0:
             raise ValueError(f"patience must be an integer >= 0 (0: never stop early), got {patience!r}")
         if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
