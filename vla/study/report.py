@@ -1,6 +1,8 @@
-"""A study's results: ``runs.json`` (every finished run), ``README.md`` (the question, the command, a row per grid cell: mean over training
-seeds, spread, each seed, Wilson 95% interval over the pooled episodes; then which gaps are significant) and
-``success.png`` (a bar per cell at its mean, the seeds as dots, the Wilson interval as a line).
+"""A study's results: ``runs.json`` (every finished run, and the records kept from earlier versions of the study file,
+``vla.study.records``), ``README.md`` (the question, the command, a row per grid cell: mean over training seeds,
+spread, each seed, Wilson 95% interval over the pooled episodes; then which gaps are significant) and ``success.png``
+(a bar per cell at its mean, the seeds as dots, the Wilson interval as a line). A cell whose runs were trained on
+different datasets is marked mixed and gets no verdict.
 """
 
 from __future__ import annotations
@@ -10,12 +12,11 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from vla.io import atomic_write_text, read_json, write_json
+from vla.io import atomic_write_text
 from vla.provenance import provenance
-from vla.study.spec import MIN_SEEDS, Study
+from vla.study.records import FORMAT, RUNS_FILE, merged, read_runs, write_runs
+from vla.study.spec import MIN_SEEDS, Study, check_study
 from vla.study.stats import aggregate, compare
-
-FORMAT = 1
 
 
 def cells(study: Study, runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -26,7 +27,17 @@ def cells(study: Study, runs: list[dict[str, Any]]) -> dict[tuple[str, str], dic
             mine = [r for r in runs if r["setting"] == setting and r["tokenizer"] == tok]
             if mine:
                 out[(setting, tok)] = aggregate(mine)
+                datasets = sorted({d for d in map(_dataset, mine) if d is not None})
+                if len(datasets) > 1:  # a mean over runs that saw different data is no verdict on either
+                    out[(setting, tok)].update(mixed=True, datasets=datasets)
     return out
+
+
+def _dataset(record: dict[str, Any]) -> str | None:
+    """The sha256 of the dataset a run was trained on (None when its record does not say)."""
+    block = record.get("provenance")
+    data = block.get("dataset") if isinstance(block, dict) else None
+    return data.get("sha256") if isinstance(data, dict) else None
 
 
 def comparisons(study: Study, table: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
@@ -38,7 +49,11 @@ def comparisons(study: Study, table: dict[tuple[str, str], dict[str, Any]]) -> l
             ca, cb = table[(setting, a)], table[(setting, b)]
             if cb["mean"] > ca["mean"]:
                 a, b, ca, cb = b, a, cb, ca
-            found.append({"setting": setting, "better": a, "worse": b, **compare(ca, cb)})
+            verdict = compare(ca, cb)
+            if ca.get("mixed") or cb.get("mixed"):
+                why = "a cell mixes runs trained on different datasets"
+                verdict = {"gap": verdict["gap"], "p_value": None, "significant": False, "why": why}
+            found.append({"setting": setting, "better": a, "worse": b, **verdict})
     return found
 
 
@@ -46,7 +61,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, Any]]) -> str:
+def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, Any]], earlier: int = 0) -> str:
     total = len(study.runs())
     lines = [
         f"# Study `{study.name}`",
@@ -66,6 +81,8 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
     ]
     for (setting, tok), c in table.items():
         few = " (too few seeds for a verdict)" if len(c["seeds"]) < MIN_SEEDS else ""
+        if c.get("mixed"):
+            few += f" (mixed data: {len(c['datasets'])} datasets, not a verdict)"
         spread = f"{100 * c['std']:.1f} pts" if len(c["seeds"]) > 1 else "n/a"
         per_seed = ", ".join(f"s{s}: {_pct(r)}" for s, r in zip(c["seeds"], c["rates"]))
         lines.append(
@@ -79,6 +96,11 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
             lines.append(f"| {p['setting']} | {p['better']} | {p['worse']} | {100 * p['gap']:+.0f} pts | {pv} | "
                          f"{'no verdict (' + p['why'] + ')' if p['p_value'] is None else 'yes' if p['significant'] else 'no'} |")  # fmt: skip
     lines += task_lines(table, runs)
+    if earlier:
+        kept = (f"`runs.json` also keeps {earlier} record(s) of runs an earlier version of the study file produced "
+                "(`earlier_runs`: a seed removed, or a run trained again after its settings changed); they are not in "
+                "this table.")
+        lines += ["", kept]
     lines += ["", "![success per cell](success.png)", ""]
     return "\n".join(lines)
 
@@ -129,7 +151,13 @@ def plot(study: Study, table: dict, path: Path) -> None:
 
 
 def write_results(study: Study, runs: list[dict[str, Any]], out: Path, fingerprint: dict[str, Any] | None) -> dict:
-    """``runs.json``, ``README.md``, ``success.png`` under ``out``; returns what ``runs.json`` holds."""
+    """``runs.json``, ``README.md``, ``success.png`` under ``out``; returns what ``runs.json`` holds. Records are only
+    added: the old file's records that ``runs`` lacks are kept in ``earlier_runs`` (and a copy of the old file is
+    written beside it first when one changes); a file that cannot be read, or another study's, is refused."""
+    old = read_runs(out / RUNS_FILE)
+    if old is not None and old["study"].get("name") != study.name:
+        raise ValueError(f"{out / RUNS_FILE} holds study {old['study'].get('name')!r}, not {study.name!r}; give this "
+                         f"study its own folder (results/{study.name})")
     out.mkdir(parents=True, exist_ok=True)
     table = cells(study, runs)
     pairs = comparisons(study, table)
@@ -140,10 +168,13 @@ def write_results(study: Study, runs: list[dict[str, Any]], out: Path, fingerpri
         "cells": [{"setting": s, "tokenizer": t, **c} for (s, t), c in table.items()],
         "comparisons": pairs,
         "runs": runs,
+        "earlier_runs": merged(old, runs),
         "provenance": provenance(config=dataclasses.asdict(study), fingerprint=fingerprint),
     }
-    write_json(out / "runs.json", summary)
-    atomic_write_text(out / "README.md", markdown(study, table, pairs, runs))
+    backup = write_runs(out / RUNS_FILE, summary)
+    if backup is not None:
+        print(f"{out / RUNS_FILE}: a record changed or moved to earlier_runs; the previous file is kept as {backup}")
+    atomic_write_text(out / "README.md", markdown(study, table, pairs, runs, len(summary["earlier_runs"])))
     if table:
         plot(study, table, out / "success.png")
     return summary
@@ -152,7 +183,38 @@ def write_results(study: Study, runs: list[dict[str, Any]], out: Path, fingerpri
 def rewrite(results: Path, study: Study | None = None) -> dict[str, Any]:
     """The README and plot again from a ``runs.json`` (``vla study table DIR``); ``study`` (the study file read
     again) replaces the recorded description, e.g. after its question was reworded."""
-    summary = read_json(Path(results) / "runs.json", "study results")
-    study = study or Study(**summary["study"], path=summary.get("study_file"))
-    fingerprint = summary.get("provenance", {}).get("dataset")
-    return write_results(study, summary["runs"], Path(results), fingerprint)
+    results = Path(results)
+    summary = read_runs(results / RUNS_FILE)
+    if summary is None:
+        raise FileNotFoundError(f"no {RUNS_FILE} in {results}: a study's results folder holds one once a run has "
+                                "finished; run `vla study run configs/studies/NAME.yaml` first (it writes "
+                                "results/NAME/)")
+    recorded = check_study(summary["study"], f"{results / RUNS_FILE} (its study block)", summary.get("study_file"))
+    if study is not None and study.name != recorded.name:
+        raise ValueError(f"--study {study.path} is study {study.name!r}, but {results / RUNS_FILE} holds "
+                         f"{recorded.name!r}; give that study's file or none")
+    if study is not None:
+        _check_same_runs(study, summary, results)
+    study = study or recorded
+    block = summary.get("provenance")
+    fingerprint = block.get("dataset") if isinstance(block, dict) else None
+    return write_results(study, summary["runs"], results, fingerprint)
+
+
+def _check_same_runs(study: Study, summary: dict[str, Any], results: Path) -> None:
+    """A study file given to ``vla study table`` describes the page: refused when it asks for other settings than
+    produced a recorded run (the page would state the new settings over the old results)."""
+    from vla.study.records import changes, legacy_identity
+    from vla.study.runner import identity
+
+    runs = {run.id: run for run in study.runs()}
+    for record in summary["runs"]:
+        run = runs.get(record["id"])
+        if run is None:
+            continue
+        had = record.get("identity") or legacy_identity(record, summary["study"].get("eval"))
+        why = changes(had, identity(study, run))
+        if why is not None:
+            raise ValueError(f"{results / RUNS_FILE}: run {run.id}: {why} in {study.path}; the page would describe "
+                             "other settings than its runs had: run vla study run with --rerun-changed, or leave out "
+                             "--study")

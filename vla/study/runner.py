@@ -5,18 +5,28 @@ time with ``threads`` torch threads each, resumable, every finished run recorded
     vla study table results/push_pixels                # the README and plot again from runs.json
 
 Layout: ``outputs/studies/<name>/<run id>/`` holds each run's training folder (``train/``), its evaluation
-(``eval/eval_info.json``), its log and, once finished, ``run.json``; ``results/<name>/`` holds ``runs.json`` (every
-finished run: its full training config, commit, dataset fingerprint, threads, package versions, wall times and
-per-episode successes), ``README.md`` (question, command, table) and ``success.png`` (``vla.study.report``), rewritten after every run.
+(``eval/eval_info.json``), what produced it (``identity.json``), its log and, once finished, ``run.json``;
+``results/<name>/`` holds ``runs.json`` (every finished run: its identity, full training config, commit, dataset
+fingerprint, threads, package versions, wall times and per-episode successes; ``vla.study.records``), ``README.md``
+(question, command, table) and ``success.png`` (``vla.study.report``), rewritten after every run.
+
+Everything that can be checked is checked before the first run trains: the study file (``vla.study.spec``), every
+run's ``vla train`` arguments, the results folder (this study's, or new). One study run holds a work folder at a
+time (``study.lock``, ``vla.study.lock``); its children run in their own process groups and end with it.
 
 A killed study continues where it stopped: finished runs (``run.json``, or their record in ``results/<name>/runs.json``
-when the work folder is gone) are kept, a training with checkpoints is
-resumed from its last one (``--resume=true``, exact), one killed before its first checkpoint starts again, and an
-evaluation is redone when its ``eval_info.json`` is missing.
+when the work folder is gone) are kept while their identity (``identity``: the training command, the base config's
+content, the evaluation, the threads) is what the study file asks; a changed one is named and refused, or trained
+again with ``--rerun-changed``. A training with checkpoints is resumed from its last one (``--resume=true``, exact),
+one killed before its first checkpoint starts again, and an evaluation is redone when its ``eval_info.json`` is
+missing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -24,22 +34,35 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from vla.io import write_json
-from vla.provenance import dataset_fingerprint, git_state, provenance
+from vla.provenance import dataset_fingerprint, git_state, portable_command, provenance
+from vla.study.lock import Children, Stopped, StudyLock
+from vla.study.records import (
+    RUN_FILE,
+    RUNS_FILE,
+    changes,
+    legacy_identity,
+    read_record,
+    read_runs,
+    without_output_dir,
+)
 from vla.study.spec import MIN_SEEDS, Run, Study
 
-RUN_FILE = "run.json"
-RUNS_FILE = "runs.json"
+IDENTITY_FILE = "identity.json"  # written into a run's folder before its training starts
+PAGES = ("README.md", "success.png")  # what vla study run writes beside runs.json
 
 
 def _python(*args: str) -> list[str]:
     return [sys.executable, "-m", "vla.cli", *args]
 
 
-def ensure_dataset(study: Study, log=print) -> Path:
+def ensure_dataset(study: Study, log=print, children: Children | None = None) -> Path:
     """The study's dataset, recorded with ``study.record`` when it is missing."""
     root = Path(study.dataset)
     if (root / "meta" / "info.json").is_file():
@@ -48,7 +71,11 @@ def ensure_dataset(study: Study, log=print) -> Path:
         raise FileNotFoundError(f"the study's dataset {root} does not exist and the study has no 'record' arguments; "
                                 "record it first or add `record: [...]` (vla data record arguments)")  # fmt: skip
     log(f"recording the study's dataset into {root}")
-    subprocess.run(_python("data", "record", *study.record, "--root", str(root), "--quiet"), check=True)
+    cmd = _python("data", "record", *study.record, "--root", str(root), "--quiet")
+    code = (children or Children()).run(cmd)
+    if code != 0:
+        raise RuntimeError(f"recording the study's dataset failed (exit {code}): {' '.join(cmd[3:])}; fix the "
+                           "study's 'record' arguments or record the dataset yourself")
     return root
 
 
@@ -56,6 +83,133 @@ def train_command(study: Study, run: Run, folder: Path) -> list[str]:
     """``vla train`` for one run (``execute`` adds ``--resume=true`` when the run has a checkpoint)."""
     return _python("train", "--config_path", study.config, f"--dataset_root={study.dataset}", *run.overrides,
                    f"--seed={run.seed}", f"--output_dir={folder / 'train'}", "--progress=false")  # fmt: skip
+
+
+def eval_command(study: Study, folder: Path) -> list[str]:
+    ev = study.eval
+    return _python("eval", "--policy", str(folder / "train" / "policy"), "--env", ev["env"], "--task", ev["task"],
+                   "--episodes", str(ev["episodes"]), "--out", str(folder / "eval"), *ev["args"])  # fmt: skip
+
+
+def config_digest(path: str | Path) -> str | None:
+    """The sha256 of a YAML config's content (its values, not its comments or layout); None when it is missing."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    try:
+        canonical = json.dumps(yaml.safe_load(text), sort_keys=True, default=str)
+    except yaml.YAMLError:
+        canonical = text
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def identity(study: Study, run: Run) -> dict[str, Any]:
+    """What produces a run: its full training command (the output folder left out), the base config's content, the
+    evaluation and the torch threads. A finished run counts for the study only while this has not changed."""
+    command = ["vla", *train_command(study, run, Path("."))[3:]]
+    return {
+        "train": without_output_dir(portable_command(command)),
+        "config": study.config,
+        "config_sha256": config_digest(study.config),
+        "eval": {k: study.eval[k] for k in ("env", "task", "episodes", "args")},
+        "threads": study.threads,
+    }
+
+
+def _folder_identity(folder: Path, wants: dict[str, Any]) -> dict[str, Any]:
+    """What a run folder was started with: its ``identity.json``, else (a folder from before it existed) the
+    ``vla train`` and ``vla eval`` commands its log lists; empty when neither says."""
+    path = folder / IDENTITY_FILE
+    if path.exists():
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            found = None
+        if not isinstance(found, dict):
+            raise ValueError(f"{path} cannot be read; delete the run folder {folder} to train the run again")
+        return found
+    had: dict[str, Any] = {}
+    lines = (folder / "log.txt").read_text().splitlines() if (folder / "log.txt").is_file() else []
+    for line in lines:
+        if not line.startswith("$ ") or " -m vla.cli " not in line:
+            continue
+        words = line.split(" -m vla.cli ", 1)[1].split(" ")
+        if words[0] == "train":
+            train = without_output_dir(portable_command(["vla", *words]))
+            same = " ".join(train) == " ".join(wants["train"])  # an argument holding a space reads as two
+            if "train" not in had or not same:
+                had["train"] = wants["train"] if same else train
+        elif words[0] == "eval" and words[1:11:2] == ["--policy", "--env", "--task", "--episodes", "--out"]:
+            episodes = int(words[8]) if words[8].isdigit() else words[8]
+            had["eval"] = {"env": words[4], "task": words[6], "episodes": episodes, "args": words[11:]}
+    return had
+
+
+@dataclass
+class Plan:
+    """Where each run of a study stands (``plan``)."""
+
+    done: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id -> its record, finished as the file says
+    shown: dict[str, dict[str, Any]] = field(default_factory=dict)  # done, and runs.json's records of runs redone
+    todo: list[Run] = field(default_factory=list)  # to train and evaluate (or finish)
+    changed: dict[str, str] = field(default_factory=dict)  # run id -> what the study file changed since it ran
+    stale_folders: list[str] = field(default_factory=list)  # changed runs with a work folder (moved aside on rerun)
+    summary: dict[str, Any] | None = None  # runs.json as read
+
+
+def plan(study: Study, work: Path, results: Path | None = None) -> Plan:
+    """Each run of ``study``: finished (its ``run.json`` under ``work``, else its record in ``results/runs.json``
+    when it has no folder there), changed (what produced it differs from what the study file now asks) or to run."""
+    out = Plan(summary=read_runs(results / RUNS_FILE) if results is not None else None)
+    study_eval = out.summary["study"].get("eval") if out.summary else None
+    by_id = {r["id"]: r for r in out.summary["runs"]} if out.summary else {}
+    for run in study.runs():
+        wants, folder = identity(study, run), work / run.id
+        record = read_record(folder / RUN_FILE)
+        if record is None and not folder.exists():
+            record = by_id.get(run.id)
+        if record is not None:
+            had = record.get("identity") or {**_folder_identity(folder, wants), **legacy_identity(record, study_eval)}
+            why = changes(had, wants)
+            if record.get("seed") != run.seed or record.get("overrides", list(run.overrides)) != list(run.overrides):
+                why = why or f"training arguments {record.get('overrides')} are now {list(run.overrides)}"
+            if why is None:
+                out.done[run.id] = out.shown[run.id] = record
+                continue
+            out.changed[run.id] = why
+        elif folder.exists():  # started, not finished: what it was started with must still hold
+            why = changes(_folder_identity(folder, wants), wants)
+            if why is not None:
+                out.changed[run.id] = why
+            elif run.id in by_id:  # an earlier finish of the same run, shown until this one ends
+                old = by_id[run.id]
+                if changes(old.get("identity") or legacy_identity(old, study_eval), wants) is None:
+                    out.shown[run.id] = old
+        if run.id in out.changed and folder.exists():
+            out.stale_folders.append(run.id)
+        out.todo.append(run)
+    return out
+
+
+def finished(study: Study, work: Path, results: Path | None = None) -> list[dict[str, Any]]:
+    """The finished runs of ``study``, in the study's order: each run's ``run.json`` under ``work``, else, when the
+    run has no folder there (a study continued on another machine), its record in ``results/runs.json``; each counts
+    only while what produced it (``identity``) is what the study file asks."""
+    done = plan(study, work, results).done
+    return [done[run.id] for run in study.runs() if run.id in done]
+
+
+def _final_loss(train_dir: Path) -> float | None:
+    lines = (train_dir / "metrics.jsonl").read_text().splitlines() if (train_dir / "metrics.jsonl").is_file() else []
+    losses = []
+    for line in lines:
+        try:
+            losses.append(json.loads(line).get("loss"))
+        except (ValueError, AttributeError):  # a line cut by a kill: the ones before it stand
+            continue
+    losses = [x for x in losses if isinstance(x, int | float)]
+    return float(losses[-1]) if losses else None
 
 
 def _resumable(cmd: list[str], train_dir: Path) -> list[str]:
@@ -67,22 +221,29 @@ def _resumable(cmd: list[str], train_dir: Path) -> list[str]:
     return cmd
 
 
-def eval_command(study: Study, folder: Path) -> list[str]:
-    ev = study.eval
-    return _python("eval", "--policy", str(folder / "train" / "policy"), "--env", ev["env"], "--task", ev["task"],
-                   "--episodes", str(ev["episodes"]), "--out", str(folder / "eval"), *ev["args"])  # fmt: skip
+def _read_eval(folder: Path, run: Run) -> dict[str, Any]:
+    """The run's ``eval_info.json``, checked; a broken one is named with the fix (the run's record elsewhere stays)."""
+    path = folder / "eval" / "eval_info.json"
+    try:
+        report = json.loads(path.read_text())
+        _episodes(report)
+        if not isinstance(report.get("success_rate"), int | float):
+            raise ValueError("no success_rate")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else repr(err)
+        raise ValueError(f"run {run.id}: {path} cannot be read ({reason}); delete it and run the study again to "
+                         "evaluate the run again (its finished record, if any, is kept)") from None
+    return report
 
 
-def _final_loss(train_dir: Path) -> float | None:
-    lines = (train_dir / "metrics.jsonl").read_text().splitlines() if (train_dir / "metrics.jsonl").is_file() else []
-    losses = [json.loads(line).get("loss") for line in lines if line.strip()]
-    losses = [x for x in losses if x is not None]
-    return float(losses[-1]) if losses else None
-
-
-def execute(study: Study, run: Run, folder: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
+def execute(
+    study: Study, run: Run, folder: Path, fingerprint: dict[str, Any], children: Children | None = None
+) -> dict[str, Any]:
     """Train (or resume) and evaluate one run in child processes, then write its ``run.json``."""
+    children = children or Children()
     folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / IDENTITY_FILE).exists():
+        write_json(folder / IDENTITY_FILE, identity(study, run))
     env = {**os.environ, "OMP_NUM_THREADS": str(study.threads), "MKL_NUM_THREADS": str(study.threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # fmt: skip
     walls: dict[str, float] = _read(folder / "walls.json") or {}  # seconds per stage, summed over resumes
@@ -99,13 +260,13 @@ def execute(study: Study, run: Run, folder: Path, fingerprint: dict[str, Any]) -
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
             start = time.perf_counter()
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            code = children.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             walls[stage] = walls.get(stage, 0.0) + time.perf_counter() - start
             write_json(folder / "walls.json", walls)
-            if done.returncode != 0:
-                raise RuntimeError(f"run {run.id}: {stage} failed (exit {done.returncode}); see {folder / 'log.txt'}")
+            if code != 0:
+                raise RuntimeError(f"run {run.id}: {stage} failed (exit {code}); see {folder / 'log.txt'}")
     train_config = json.loads((folder / "train" / "train_config.json").read_text())
-    report = json.loads((folder / "eval" / "eval_info.json").read_text())
+    report = _read_eval(folder, run)
     successes, seeds, per_task = _episodes(report)
     record = {
         "id": run.id,
@@ -113,6 +274,7 @@ def execute(study: Study, run: Run, folder: Path, fingerprint: dict[str, Any]) -
         "tokenizer": run.tokenizer,
         "seed": run.seed,
         "overrides": list(run.overrides),
+        "identity": identity(study, run),
         "successes": successes,
         "episode_seeds": seeds,
         **({"task_successes": per_task} if per_task else {}),
@@ -149,22 +311,55 @@ def _read(path: Path) -> Any:
         return None
 
 
-def finished(study: Study, work: Path, results: Path | None = None) -> list[dict[str, Any]]:
-    """The finished runs of ``study``, in the study's order: each run's ``run.json`` under ``work``, else, when the
-    run has no folder there (a study continued on another machine), its record in ``results/runs.json``, which counts
-    only while it was trained with the run's own arguments and seed."""
-    reported = _read(results / RUNS_FILE) if results is not None else None
-    by_id = {r.get("id"): r for r in (reported or {}).get("runs", []) if isinstance(r, dict)}
-    records = []
-    for run in study.runs():
-        record = _read(work / run.id / RUN_FILE)
-        if record is None and run.id in by_id and not (work / run.id).exists():
-            old = by_id[run.id]
-            if old.get("seed") == run.seed and old.get("overrides") == list(run.overrides):
-                record = old
-        if record is not None:
-            records.append(record)
-    return records
+def check_results_folder(study: Study, results: Path, summary: dict[str, Any] | None) -> None:
+    """Refuse a results folder that is not this study's: another study's ``runs.json``, or pages with no
+    ``runs.json`` beside them (a project's README), which ``vla study run`` would write over."""
+    if summary is not None:
+        name = summary["study"].get("name")
+        if name != study.name:
+            raise ValueError(f"{results / RUNS_FILE} holds study {name!r}, not {study.name!r}; give this study its "
+                             f"own folder (--results results/{study.name})")
+        return
+    found = [p for p in PAGES if (results / p).exists()]
+    if found:
+        raise ValueError(f"{results} holds {found[0]} but no {RUNS_FILE}, so it is not a study's results folder and "
+                         f"would be written over; pass --results results/{study.name} or an empty folder")
+
+
+def check_training_arguments(study: Study, runs: list[Run]) -> None:
+    """Each run's ``vla train`` arguments parsed as ``vla train`` will, before anything trains: a misspelt option or
+    a bad value is named now, and the runner's own settings (dataset, seed, output folder) must come through."""
+    from vla.train_cli import parse_args
+
+    if not Path(study.config).is_file():
+        raise FileNotFoundError(f"the study's config {study.config} does not exist; fix 'config' in {study.path}")
+    for run in runs:
+        args = train_command(study, run, Path("study-output"))[4:]
+        errors = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(errors):  # draccus prints its usage before it exits
+                cfg = parse_args(args)
+        except SystemExit:
+            lines = errors.getvalue().strip().splitlines() or ["error: unreadable"]
+            reason = lines[-1].split("error: ", 1)[-1]
+        except (ValueError, OSError) as err:
+            reason = str(err)
+        else:
+            reason = None
+        if reason is not None:
+            raise ValueError(f"run {run.id}: its vla train arguments do not parse ({reason}); fix {study.path}")
+        got = (str(cfg.dataset_root), int(cfg.seed), str(cfg.output_dir), bool(cfg.resume) or bool(cfg.overwrite))
+        if got != (study.dataset, run.seed, str(Path("study-output") / "train"), False):
+            raise ValueError(f"run {run.id}: its arguments {list(run.overrides)} change the dataset, seed or folder "
+                             f"the runner sets; remove that argument from {study.path}")
+
+
+def _refuse_changed(study: Study, status: Plan, rerun_changed: bool) -> None:
+    if status.changed and not rerun_changed:
+        first = next(iter(status.changed))
+        raise ValueError(f"run {first}: {status.changed[first]} in {study.path} since it ran ({len(status.changed)} "
+                         "changed run(s)); restore the study file, or pass --rerun-changed to train and evaluate them "
+                         "again (their old records are kept)")
 
 
 def run_study(
@@ -173,52 +368,82 @@ def run_study(
     work: Path | None = None,
     results: Path | None = None,
     allow_dirty: bool = False,
+    rerun_changed: bool = False,
     progress: bool = True,
     log=print,
 ) -> dict[str, Any]:
     """Train and evaluate every run not yet finished, ``study.workers`` at a time; returns the aggregated results
-    (also written to ``results/<name>/``)."""
-    from tqdm.auto import tqdm
-
-    from vla.study.report import write_results
-
+    (also written to ``results/<name>/``). One study run per work folder at a time (``study.lock``); its child
+    processes end with it. A finished run whose settings the study file has changed is refused, or trained again
+    with ``rerun_changed`` (its old record kept in ``earlier_runs``, its old folder moved aside)."""
     work = Path(work or Path("outputs/studies") / study.name)
     results = Path(results or Path("results") / study.name)
     commit, dirty = git_state()
     if dirty and not allow_dirty:
         raise RuntimeError("the code has uncommitted changes, so the study's runs could not be traced to a commit; "
                            "commit them first, or pass --allow-dirty (each run then records dirty: true)")  # fmt: skip
+    check_training_arguments(study, study.runs())
+    check_results_folder(study, results, read_runs(results / RUNS_FILE))
+    _refuse_changed(study, plan(study, work, results), rerun_changed)  # before the lock creates the work folder
+    with StudyLock(work, log) as lock, Children(lock) as children:
+        return _run_locked(study, work, results, commit, dirty, rerun_changed, progress, log, lock, children)
+
+
+def _run_locked(study, work, results, commit, dirty, rerun_changed, progress, log, lock, children) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from vla.study.report import write_results
+
+    status = plan(study, work, results)
+    _refuse_changed(study, status, rerun_changed)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for run_id in status.stale_folders:
+        aside = work / f"{run_id}.changed-{stamp}"
+        (work / run_id).rename(aside)
+        log(f"run {run_id}: {status.changed[run_id]}; its old folder is kept as {aside}")
     if len(study.seeds) < MIN_SEEDS:
         log(f"warning: {len(study.seeds)} training seed(s); a verdict needs at least {MIN_SEEDS}")
-    root = ensure_dataset(study, log)
+    root = ensure_dataset(study, log, children)
     fingerprint = dataset_fingerprint(root)
     runs = study.runs()
-    kept = finished(study, work, results)
-    done = {r["id"] for r in kept}
-    for record in kept:
+    for record in status.done.values():
         sha = (record.get("provenance") or {}).get("dataset", {}).get("sha256")
         if sha not in (None, fingerprint.get("sha256")):
             log(f"warning: run {record['id']} was trained on a dataset with sha256 {sha[:12]}, not this one "
-                f"({str(fingerprint.get('sha256'))[:12]}); its cell mixes data")  # fmt: skip
-    todo = [run for run in runs if run.id not in done]
-    log(f"study {study.name}: {len(runs)} runs ({len(done)} finished), {study.workers} at a time, "
-        f"{study.threads} thread(s) each; commit {commit[:10]}{' (dirty)' if dirty else ''}; logs in {work}/<run>/log.txt")  # fmt: skip
+                f"({str(fingerprint.get('sha256'))[:12]}); its cell mixes data, and the page says so")  # fmt: skip
+    todo = status.todo
+    log(f"study {study.name}: {len(runs)} runs ({len(status.done)} finished, {len(status.changed)} changed), "
+        f"{study.workers} at a time, {study.threads} thread(s) each; commit {commit[:10]}{' (dirty)' if dirty else ''}"
+        f"; logs in {work}/<run>/log.txt")  # fmt: skip
+
+    def table() -> dict[str, Any]:
+        now = plan(study, work, results).shown
+        return write_results(study, [now[r.id] for r in runs if r.id in now], results, fingerprint)
+
     failures: list[str] = []
-    bar = tqdm(total=len(runs), initial=len(done), desc=f"study {study.name}", unit="run", disable=not progress)
-    with ThreadPoolExecutor(max_workers=study.workers) as pool:
-        futures = {pool.submit(execute, study, run, work / run.id, fingerprint): run for run in todo}
+    bar = tqdm(total=len(runs), initial=len(status.done), desc=f"study {study.name}", unit="run", disable=not progress)
+    pool = ThreadPoolExecutor(max_workers=study.workers)
+    try:
+        futures = {pool.submit(execute, study, run, work / run.id, fingerprint, children): run for run in todo}
         for future in as_completed(futures):
             run = futures[future]
             try:
                 record = future.result()
                 bar.set_postfix_str(f"{run.id}: {record['success_rate']:.0%}")
+            except Stopped:
+                raise
             except (RuntimeError, OSError, ValueError, KeyError) as err:
-                failures.append(f"{run.id}: {err}")
+                failures.append(str(err) if str(err).startswith(f"run {run.id}:") else f"run {run.id}: {err}")
                 log(f"run {run.id} failed: {err}")
             bar.update(1)
-            write_results(study, finished(study, work, results), results, fingerprint)
-    bar.close()
-    summary = write_results(study, finished(study, work, results), results, fingerprint)
+            table()
+    except BaseException:
+        children.end_all()  # a stopped or failing study leaves nothing running
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+    summary = table()
     if failures:
         raise RuntimeError(f"{len(failures)} run(s) failed ({'; '.join(failures)}); fix the cause and run the "
                            "same command again: finished runs are kept")  # fmt: skip

@@ -28,7 +28,14 @@ from typing import Any
 import yaml
 
 MIN_SEEDS = 3  # fewer gives a number, not a verdict: the runner warns
-_NAME = re.compile(r"^[A-Za-z0-9_.]+$")
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeding take a 32-bit unsigned integer
+MAX_EPISODES = 100_000  # evaluation episodes per task and run
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")  # never "." or "..": a name is a folder under results/ and work/
+REQUIRED = ("name", "dataset", "config", "tokenizers", "seeds", "eval")
+EVAL_KEYS = ("env", "task", "episodes", "args")
+# The runner writes these itself for every run: a study that set them would record one thing and run another.
+TRAIN_OWNED = ("--seed", "--output_dir", "--config_path", "--resume", "--overwrite", "--dataset_root")
+EVAL_OWNED = ("--policy", "--env", "--task", "--episodes", "--out")
 
 
 @dataclass(frozen=True)
@@ -71,56 +78,156 @@ class Study:
         ]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class names it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping; keep one", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep)
+
+
 def load_study(path: str | Path) -> Study:
     """Read and check a study file; every problem is one line naming the key and the fix."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except FileNotFoundError:
         raise FileNotFoundError(f"no study file {path}; see configs/studies/ for examples") from None
     except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not valid YAML ({str(err).splitlines()[0]}); fix the file") from None
+        where = f" at line {err.problem_mark.line + 1}" if getattr(err, "problem_mark", None) else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{path} is not valid YAML{where} ({what}); fix the file") from None
+    return check_study(raw, str(path))
+
+
+def check_study(raw: Any, where: str, path: str | None = None) -> Study:
+    """A study from a mapping (a study file's, or the block a ``runs.json`` holds), every value checked before anything
+    runs; ``where`` names the source in the messages."""
     if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a mapping of study keys (name, dataset, config, tokenizers, seeds, eval)")
+        raise ValueError(f"{where} must hold a mapping of study keys ({', '.join(REQUIRED)})")
+    raw = dict(raw)
     known = set(Study.__dataclass_fields__) - {"path"}
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(str(k) for k in set(raw) - known)
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; a study has {sorted(known)}")
-    missing = [k for k in ("name", "dataset", "config", "tokenizers", "seeds", "eval") if k not in raw]
+        raise ValueError(f"{where}: unknown key(s) {unknown}; a study has {sorted(known)}")
+    missing = [k for k in REQUIRED if k not in raw]
     if missing:
-        raise ValueError(f"{path}: missing key(s) {missing}")
+        raise ValueError(f"{where}: missing key(s) {missing}")
 
     def check(ok: bool, key: str, fix: str) -> None:
         if not ok:
-            raise ValueError(f"{path}: '{key}' = {raw.get(key)!r} is invalid: {fix}")
+            raise ValueError(f"{where}: '{key}' = {raw.get(key)!r} is invalid: {fix}")
 
     check(isinstance(raw.get("question", ""), str), "question", "one sentence of text")
-    check(isinstance(raw["name"], str) and bool(_NAME.match(raw["name"])), "name", "use letters, digits, '_' or '.'")
+    check(isinstance(raw["name"], str) and bool(_NAME.match(raw["name"])), "name",
+          "start with a letter or digit, then letters, digits, '_' or '.' (it names folders)")
+    for key in ("dataset", "config"):
+        check(isinstance(raw[key], str) and bool(raw[key].strip()), key, "a path, as text")
     for key in ("tokenizers", "settings"):
         if key in raw:
             value = raw[key]
             check(isinstance(value, dict) and bool(value) and all(
-                isinstance(k, str) and _NAME.match(k) and "-" not in k and isinstance(v, list | type(None))
-                for k, v in value.items()
+                isinstance(k, str) and _NAME.match(k) and isinstance(v, list | type(None)) for k, v in value.items()
             ), key, "a mapping of names (letters, digits, '_') to lists of vla train arguments")  # fmt: skip
-            raw[key] = {k: [str(a) for a in (v or [])] for k, v in value.items()}
+            raw[key] = {k: [_arg(a, where, key) for a in (v or [])] for k, v in value.items()}
     seeds = raw["seeds"]
-    check(isinstance(seeds, list) and bool(seeds) and all(isinstance(s, int) for s in seeds)
-          and len(set(seeds)) == len(seeds), "seeds", "a list of distinct integers, e.g. [0, 1, 2]")  # fmt: skip
-    ev = raw["eval"]
-    check(isinstance(ev, dict) and isinstance(ev.get("episodes"), int) and ev["episodes"] >= 1, "eval",
-          "a mapping with env, task, episodes (>= 1) and optional args (a list of vla eval arguments)")  # fmt: skip
-    ev.setdefault("env", "metaworld")
-    ev.setdefault("task", "push-v3")
-    ev["args"] = [str(a) for a in ev.get("args") or []]
+    check(isinstance(seeds, list) and bool(seeds) and all(_seed(s) for s in seeds) and len(set(seeds)) == len(seeds),
+          "seeds", f"a list of distinct integers from 0 to {MAX_SEED}, e.g. [0, 1, 2]")  # fmt: skip
+    raw["eval"] = check_eval(raw["eval"], where)
     for key in ("workers", "threads"):
-        check(isinstance(raw.get(key, 1), int) and raw.get(key, 1) >= 1, key, "a positive integer")
+        value = raw.get(key, 1)
+        check(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 256, key,
+              "a positive integer (at most 256)")
     for key in ("train", "record"):
         check(raw.get(key) is None or isinstance(raw[key], list), key, "a list of command-line arguments")
         if raw.get(key) is not None:
-            raw[key] = [str(a) for a in raw[key]]
-    for args in [*raw["tokenizers"].values(), *raw.get("settings", {}).values(), raw.get("train") or []]:
-        bad = [a for a in args if a.split("=")[0] in ("--seed", "--output_dir", "--config_path", "--resume")]
-        if bad:
-            raise ValueError(f"{path}: {bad[0].split('=')[0]} is set by the study runner for every run; remove it")
-    return Study(**raw, path=str(path))
+            raw[key] = [_arg(a, where, key) for a in raw[key]]
+    lists = {**{f"tokenizers.{k}": v for k, v in raw["tokenizers"].items()},
+             **{f"settings.{k}": v for k, v in raw.get("settings", {}).items()}, "train": raw.get("train") or []}
+    for key, args in lists.items():
+        owned = [a for a in args if _flag(a) in TRAIN_OWNED]
+        if owned:
+            raise ValueError(f"{where}: {key}: {_flag(owned[0])} is set by the study runner for every run (the "
+                             f"study's own dataset, seeds and folders); remove {owned[0]!r}")
+    return Study(**raw, path=path if path is not None else where)
+
+
+def check_eval(ev: Any, where: str) -> dict[str, Any]:
+    """The ``eval`` block: known keys only, an environment and tasks that exist, ``vla eval`` arguments it accepts
+    and none of the ones the runner sets (policy, environment, task, episodes, output folder)."""
+    if not isinstance(ev, dict):
+        raise ValueError(f"{where}: 'eval' = {ev!r} is invalid: a mapping with env, task, episodes and args")
+    unknown = sorted(str(k) for k in set(ev) - set(EVAL_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} in 'eval'; it has {list(EVAL_KEYS)}")
+    episodes = ev.get("episodes")
+    if not (isinstance(episodes, int) and not isinstance(episodes, bool) and 1 <= episodes <= MAX_EPISODES):
+        raise ValueError(f"{where}: 'eval' episodes {episodes!r} is invalid: an integer from 1 to {MAX_EPISODES}")
+    out = {"env": ev.get("env", "metaworld"), "task": ev.get("task", "push-v3"), "episodes": episodes}
+    for key in ("env", "task"):
+        if not isinstance(out[key], str) or not out[key]:
+            raise ValueError(f"{where}: 'eval.{key}' = {out[key]!r} is invalid: a name, as text")
+    from vla.sim import env_names
+
+    try:
+        env_names(f"{out['env']}/{out['task']}")
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"{where}: eval env {out['env']!r} task {out['task']!r}: {err}") from None
+    if not isinstance(ev.get("args") or [], list):
+        raise ValueError(f"{where}: 'eval.args' = {ev.get('args')!r} is invalid: a list of vla eval arguments")
+    out["args"] = [_arg(a, where, "eval.args") for a in ev.get("args") or []]
+    _check_eval_args(out, where)
+    return out
+
+
+def _check_eval_args(ev: dict[str, Any], where: str) -> None:
+    """``vla eval``'s own parser reads the arguments with the runner's placed first: an unknown one, a bad value, or
+    one that replaces the runner's own is refused now, not after every run has trained."""
+    import contextlib
+    import io
+
+    owned = [a for a in ev["args"] if _flag(a) in EVAL_OWNED]
+    if owned:
+        raise ValueError(f"{where}: eval.args: {_flag(owned[0])} is set by the study runner (the run's policy, the "
+                         f"study's env, task, episodes and folder); remove {owned[0]!r}")
+    from vla.cli import build_parser
+
+    given = ["--policy", "P", "--env", ev["env"], "--task", ev["task"], "--episodes", str(ev["episodes"]), "--out", "O"]
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            args, extra = build_parser(["eval"]).parse_known_args(["eval", *given, *ev["args"]])
+    except SystemExit:
+        reason = (errors.getvalue().strip().splitlines() or ["unreadable"])[-1].split("error: ")[-1]
+        raise ValueError(f"{where}: eval.args {ev['args']} are not vla eval arguments ({reason}); see vla eval --help")
+    if extra:
+        raise ValueError(f"{where}: eval.args: {extra[0]!r} is no vla eval argument; see vla eval --help")
+    if str(args.policy) != "P" or str(args.out) != "O":
+        raise ValueError(f"{where}: eval.args {ev['args']} set the policy or output folder, which the runner sets")
+
+
+def _arg(value: Any, where: str, key: str) -> str:
+    """One command-line argument as text: a string or a number (YAML reads "200" unquoted as one), nothing else."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"{where}: {key}: argument {value!r} is not a command-line word; quote it, e.g. \"--steps=5\"")
+    return str(value)
+
+
+def _flag(arg: str) -> str:
+    """``--output-dir=x`` -> ``--output_dir``: the flag an argument sets, in draccus' spelling."""
+    return arg.split("=", 1)[0].replace("-", "_").replace("__", "--", 1) if arg.startswith("--") else ""
+
+
+def _seed(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
