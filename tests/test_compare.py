@@ -84,7 +84,7 @@ def test_default_horizon_is_the_chunk_vla_train_chooses(tiny_dataset_root):
     info = dataset_info(tiny_dataset_root)
     messages = []
     t = compare.default_time_horizon(info, messages.append)
-    trained = defaults.choose(load_config(), info)[0].policy.time_horizon
+    trained = defaults.choose(load_config(args=[f"--dataset_root={tiny_dataset_root}"]), info)[0].policy.time_horizon
     expected = min(round(defaults.CHUNK_SECONDS * info.fps), int(np.max(info.episode_lengths)))
     assert t == trained == expected
     assert messages and "as vla train chooses it" in messages[0]

@@ -77,8 +77,8 @@ def test_validation_names_the_value(kwargs, message):
 
 
 def test_mixed_precision_no_on_the_command_line_is_no():
-    assert load_config(None, ["--mixed_precision=no"]).mixed_precision == "no"  # not YAML's false
-    assert load_config(None, ["--mixed_precision=bf16"]).mixed_precision == "bf16"
+    assert load_config(None, ["--dataset_root=d", "--mixed_precision=no"]).mixed_precision == "no"  # not YAML's false
+    assert load_config(None, ["--dataset_root=d", "--mixed_precision=bf16"]).mixed_precision == "bf16"
 
 
 def test_one_tokenizer_choice_for_train_compare_fit_and_lerobot():
@@ -89,7 +89,7 @@ def test_one_tokenizer_choice_for_train_compare_fit_and_lerobot():
     from vla.compare import parse_entry
     from vla.tokenizer_choice import parse_choice
 
-    cfg = load_config(None, ["--tokenizer.type=bin", "--tokenizer.n_bins=32"])
+    cfg = load_config(None, ["--dataset_root=d", "--tokenizer.type=bin", "--tokenizer.n_bins=32"])
     assert parse_choice("bin:n_bins=32") == cfg.tokenizer == parse_entry("bin:n_bins=32").choice
     assert parse_choice("fsq:levels=[8,5,5]").levels == [8, 5, 5]
     chunks = np.random.default_rng(0).uniform(-1, 1, (64, 8, 3))
@@ -100,3 +100,83 @@ def test_one_tokenizer_choice_for_train_compare_fit_and_lerobot():
         VLAConfig(action_tokenizer_type="bin:nbins=32")
     with pytest.raises(ValueError, match="write options as name:option=value"):
         parse_choice("bin:n_bins")
+
+
+# --- a new user's first commands, from a folder outside the clone ---------------------------------------------------
+def test_train_with_no_dataset_and_no_config_refuses_when_the_default_is_absent(tmp_path, monkeypatch, capsys):
+    from vla.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--steps=2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["vla train: error: no --dataset_root given (no config file was given), and the default "
+                   "outputs/datasets/metaworld_push-v3 (the demo's push-v3 recording) is not here; pass "
+                   "--dataset_root=DIR (a LeRobot v3.0 dataset), or record the default with vla data record --task "
+                   "push-v3 --episodes 100"]
+    assert list(tmp_path.iterdir()) == []  # no run folder, nothing written
+
+
+def test_train_says_which_dataset_it_uses_when_none_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs" / "datasets" / "metaworld_push-v3").mkdir(parents=True)
+    lines = []
+    assert load_config(args=["--steps=2"], log=lines.append).dataset_root == "outputs/datasets/metaworld_push-v3"
+    assert lines == ["dataset_root = outputs/datasets/metaworld_push-v3: the default, no --dataset_root given (no "
+                     "config file was given); pass --dataset_root=DIR for your own"]
+    lines.clear()
+    load_config(args=["--config_path", "configs/fast.yaml"], log=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("dataset_root = outputs/datasets/metaworld_push-v3: the default")
+    assert "configs/fast.yaml names none" in lines[0]
+    lines.clear()
+    load_config(args=["--config_path=aloha", "--steps=2"], log=lines.append)  # aloha.yaml names its dataset
+    load_config(args=["--dataset_root=d"], log=lines.append)
+    assert lines == []
+
+
+@pytest.mark.parametrize("name", ["configs/fast.yaml", "fast.yaml", "fast", "vla/configs/fast.yaml"])
+def test_a_shipped_config_is_found_by_name_from_any_folder(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(args=[f"--config_path={name}", "--dataset_root=d"], log=None)
+    assert cfg.output_dir == "outputs/train/fast" and cfg.tokenizer.scale == 10.0
+
+
+def test_the_configs_an_installed_wheel_carries_are_found(tmp_path, monkeypatch):
+    """pyproject.toml ships configs/ as vla/configs inside the wheel; outside a checkout that copy is the one found."""
+    from vla.config import find_config
+
+    monkeypatch.chdir(tmp_path)
+    package = tmp_path / "site-packages" / "vla"
+    (package / "configs").mkdir(parents=True)
+    (package / "configs" / "fast.yaml").write_text("steps: 7\n")
+    assert find_config("configs/fast.yaml", here=package) == str(package / "configs" / "fast.yaml")
+    assert "vla/configs" in (Path(__file__).parents[1] / "pyproject.toml").read_text()
+
+
+def test_an_unknown_config_names_the_shipped_ones(tmp_path, monkeypatch, capsys):
+    from vla.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config_path", "configs/fsat.yaml", "--dataset_root=d"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vla train: error: no config file 'configs/fsat.yaml'; did you mean "
+                                               "'fast'? (the shipped configs, in ")
+    assert "aloha, beast, bin, debug, fast, fsq" in err[0] and err[0].endswith("pass one by name (--config_path fast) "
+                                                                               "or a path to your own YAML file")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_misspelled_train_flag_is_one_line_with_the_closest(tmp_path, monkeypatch, capsys):
+    from vla.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--datset_root=d", f"--output_dir={tmp_path / 'run'}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["vla train: error: unknown option --datset_root; did you mean '--dataset_root'? (vla train --help "
+                   "lists every option)"]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="unknown option --policy.time_horizn; did you mean '--policy.time_horizon'"):
+        load_config(args=["--dataset_root=d", "--policy.time_horizn=4"])
+    # the other spelling of a known flag is that flag, as for every other command
+    flags = ["--dataset-root=d", "--policy.time-horizon=4", "--tokenizer.type=bin", "--tokenizer.n-bins=8"]
+    cfg = load_config(args=flags)
+    assert (cfg.dataset_root, cfg.policy.time_horizon, cfg.tokenizer.n_bins) == ("d", 4, 8)

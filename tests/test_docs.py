@@ -312,7 +312,7 @@ def test_the_reader_joins_continuations_and_drops_comments():
         "vla train --config_path configs/aloha.yaml --tokenizer.type=beast --steps 8000",
         "vla compare --root DATASET --out DIR [--sweep] [--time-horizon T]",
         "vla train --config_path configs/images.yaml '--policy.image_keys=[observation.images.workspace]'",
-        "vla train --policy.path outputs/train/fast/policy --steps=10 --policy.optimizer_lr=3e-4",
+        "vla train --policy.path outputs/train/fast/policy --dataset_root=DIR --steps=10 --policy.optimizer_lr=3e-4",
     ],
 )
 def test_the_checker_passes_good_lines(line):

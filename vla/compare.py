@@ -93,7 +93,7 @@ def _chosen_time_horizon(info: reader.DatasetInfo, log: Callable[[str], None] | 
     from vla.config import load_config
     from vla.data import defaults
 
-    cfg = load_config()  # vla train without a config file: every setting chosen from the data
+    cfg = load_config(args=[f"--dataset_root={info.root}"], log=None)  # vla train --dataset_root DIR: all chosen
     # the chunk only: a policy without state skips matching the state (which reads frames), and the chunk rule
     # does not depend on it
     cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, state_dim=0, relative_actions="none"))

@@ -20,6 +20,7 @@ drops the YAML's tokenizer options (``configs/aloha.yaml --tokenizer.type=beast`
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import draccus
 import yaml
 
 from vla.data.reader import DatasetInfo
+from vla.names import suggestion
 from vla.policy.configuration_vla import VLAConfig
 from vla.tokenizer_choice import DEFAULT_TOKENIZER, TokenizerConfig, tokenizer_config
 
@@ -109,28 +111,107 @@ def resolve_action_state(policy: VLAConfig, info: DatasetInfo) -> VLAConfig:
     return defaults.action_state(policy, info)[0]
 
 
-def load_config(config_path: str | None = None, args: list[str] | None = None) -> TrainConfig:
+def load_config(config_path: str | None = None, args: list[str] | None = None, log=print) -> TrainConfig:
     """Parse a YAML file (a short diff against the defaults) plus ``--key=value`` overrides (``--config_path``
-    among them is read by draccus). A bad value is one ``ValueError`` naming it and the fix, not draccus' traceback."""
-    args = list(args or [])
-    named = [a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
-             for i, a in enumerate(args) if a.split("=", 1)[0] == "--config_path"]  # fmt: skip
-    for path in ([config_path] if config_path is not None else []) + named:
-        if not Path(path).is_file():
-            raise ValueError(f"no config file {path!r}; pass one of configs/*.yaml or your own YAML file")
-    path = named[-1] if named else config_path
+    among them). A bad value is one ``ValueError`` naming it and the fix, not draccus' traceback; an unknown flag is
+    one line with the closest known one, not draccus' usage; ``--a-b`` is read as ``--a_b``. A config file is a path,
+    or the name of a shipped one (``fast``, ``fast.yaml`` or ``configs/fast.yaml`` from any folder). The dataset is
+    said when neither the command line nor the file names one (and refused when that default is absent and no file
+    was given)."""
+    args = check_options(list(args or []))
+    flags = [i for i, a in enumerate(args) if a.split("=", 1)[0] == "--config_path"]
+    named = [args[i].split("=", 1)[1] if "=" in args[i] else (args[i + 1] if i + 1 < len(args) else "") for i in flags]
+    args = [a for i, a in enumerate(args) if i not in set(flags) | {i + 1 for i in flags if "=" not in args[i]}]
+    paths = [find_config(p) for p in ([config_path] if config_path is not None else []) + named]
+    path = paths[-1] if paths else None
+    if not any(a.split("=", 1)[0] == "--dataset_root" for a in args):
+        _say_dataset(path, log)
     with tempfile.TemporaryDirectory() as tmp:
         if path is None:  # no config file: every setting vla.data.defaults chooses starts unset
             from vla.data.defaults import FROM_DATA
 
-            config_path = path = str(Path(tmp) / "from_data.yaml")
+            path = str(Path(tmp) / "from_data.yaml")
             Path(path).write_text(yaml.safe_dump(FROM_DATA, sort_keys=False))
         copy = _without_other_tokenizer_options(path, args, Path(tmp))
-        if copy is None:
-            return _parse(config_path, args)
-        flags = [i for i, a in enumerate(args) if a.split("=", 1)[0] == "--config_path"]
-        dropped = set(flags) | {i + 1 for i in flags if "=" not in args[i]}
-        return _parse(copy, [a for i, a in enumerate(args) if i not in dropped])
+        return _parse(copy or path, args)
+
+
+def shipped_configs(here: Path | None = None) -> Path | None:
+    """The experiment files that come with the package: the checkout's ``configs/``, or the copy an installed wheel
+    carries (``vla/configs``, pyproject.toml's force-include); ``here`` is the ``vla`` package's folder."""
+    here = here or Path(__file__).resolve().parent
+    return next((d for d in (here.parent / "configs", here / "configs") if (d / "fast.yaml").is_file()), None)
+
+
+def find_config(path: str, here: Path | None = None) -> str:
+    """``path`` if it is a file, else the shipped config it names (``fast``, ``fast.yaml``, ``configs/fast.yaml``);
+    otherwise a ``ValueError`` naming the closest shipped one and where they are."""
+    if Path(path).is_file():
+        return path
+    shipped = shipped_configs(here)
+    name = Path(path).name if Path(path).suffix in (".yaml", ".yml") else f"{Path(path).name}.yaml"
+    inside = Path(path).parent.as_posix() in (".", "configs", "vla/configs")  # a name, not some other folder
+    if shipped is not None and inside and (shipped / name).is_file():
+        return str(shipped / name)
+    if shipped is None:
+        raise ValueError(f"no config file {path!r}, and no shipped configs beside the package; pass a path to a YAML "
+                         "file, or reinstall the package")
+    known = sorted(p.stem for p in shipped.glob("*.yaml"))
+    close = suggestion(Path(name).stem, known)
+    raise ValueError(f"no config file {path!r}{close} (the shipped configs, in {shipped}: {', '.join(known)}); pass "
+                     "one by name (--config_path fast) or a path to your own YAML file")
+
+
+def _say_dataset(config: str | None, log) -> None:
+    """The dataset a run with no ``--dataset_root`` uses: the file's, or the default (said; refused when absent and
+    no file was given, since training would otherwise start on a dataset the user never named)."""
+    content = yaml.safe_load(Path(config).read_text()) if config is not None else None
+    if isinstance(content, dict) and content.get("dataset_root"):
+        return
+    default = TrainConfig.dataset_root
+    where = f"{config} names none" if config is not None else "no config file was given"
+    if config is None and not Path(default).is_dir():
+        raise ValueError(f"no --dataset_root given ({where}), and the default {default} (the demo's push-v3 recording)"
+                         " is not here; pass --dataset_root=DIR (a LeRobot v3.0 dataset), or record the default with "
+                         "vla data record --task push-v3 --episodes 100")
+    if log is not None:
+        log(f"dataset_root = {default}: the default, no --dataset_root given ({where}); pass --dataset_root=DIR for "
+            "your own")
+
+
+def known_options() -> list[str]:
+    """Every ``--flag`` ``vla train`` reads: ``--config_path``, the run's fields, ``--policy.<VLAConfig field>``
+    (``--policy.path`` for fine-tuning), ``--tokenizer.type`` and every tokenizer's options."""
+    from vla.tokenizer_choice import TOKENIZER_CONFIGS
+
+    top = [f"--{f.name}" for f in dataclasses.fields(TrainConfig) if f.name not in ("policy", "tokenizer")]
+    policy = [f"--policy.{f.name}" for f in dataclasses.fields(VLAConfig)] + ["--policy.path"]
+    tokenizer = {f"--tokenizer.{f.name}" for c in TOKENIZER_CONFIGS.values() for f in dataclasses.fields(c)}
+    return ["--config_path", "-h", "--help", *top, *policy, "--tokenizer.type", *sorted(tokenizer)]
+
+
+def check_options(args: list[str]) -> list[str]:
+    """``args`` with ``--a-b`` written ``--a_b``; an unknown flag is a ``ValueError`` with the closest known one."""
+    known, out = known_options(), []
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-") and not _is_number(arg):
+            head = ".".join(flag.replace("-", "_").lstrip("_").split(".")[:2])  # --policy.a.b: its field policy.a
+            if flag not in known and f"--{head}" in known:
+                flag = "--" + flag.lstrip("-").replace("-", "_")
+            elif flag not in known:
+                raise ValueError(f"unknown option {flag}{suggestion(flag, known, cutoff=0.6)} (vla train --help lists "
+                                 "every option)")
+        out.append(flag + eq + value)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _without_other_tokenizer_options(path: str | None, args: list[str], tmp: Path) -> str | None:
