@@ -146,14 +146,6 @@ def check_dataset_fits(
     """Refuse a dataset (LeRobot's ``features`` of its info.json, its ``fps``) whose actions, state or cameras are
     not the ones the policy at ``path`` reads and writes (training it there would fail at the first batch, or learn
     nonsense), or whose frame rate is not the one ``config.fps`` records (its chunks would span another time)."""
-    if config.fps is not None and fps is not None and float(config.fps) != float(fps):
-        t = config.time_horizon
-        raise ValueError(
-            f"the policy at {path} was trained on {config.fps:g} fps data but {dataset} is {fps:g} fps: its "
-            f"{t}-step chunks would span {t / fps:.3g} s instead of {t / config.fps:.3g} s; fine-tune on "
-            f"{config.fps:g} fps data, or pass --policy.fps={fps:g} to fine-tune on this data anyway (the policy then "
-            f"records {fps:g} fps)"
-        )
     def dim(key: str) -> int | None:
         shape = (features.get(key) or {}).get("shape")
         return int(shape[-1]) if shape else None
@@ -174,6 +166,14 @@ def check_dataset_fits(
         raise ValueError(f"the policy at {path} reads the camera {missing[0]!r}, which {dataset} lacks"
                          f"{suggestion(missing[0], cameras)} (its cameras: {', '.join(cameras) or 'none'}); "
                          "fine-tune on data with the policy's cameras, or train a new policy")  # fmt: skip
+    if config.fps is not None and fps is not None and float(config.fps) != float(fps):
+        t = config.time_horizon
+        raise ValueError(
+            f"the policy at {path} was trained on {config.fps:g} fps data but {dataset} is {fps:g} fps: its "
+            f"{t}-step chunks would span {t / fps:.3g} s instead of {t / config.fps:.3g} s; fine-tune on "
+            f"{config.fps:g} fps data, or pass --policy.fps={fps:g} to fine-tune on this data anyway (the policy then "
+            f"records {fps:g} fps)"
+        )
 
 
 # --- construction from LeRobot's factory -----------------------------------------------------------------------
