@@ -178,6 +178,27 @@ def test_a_removed_seed_keeps_its_records_and_the_old_file(fake, capsys):
     assert not (fake.work / LOCK_FILE).exists()
 
 
+def test_rerun_changed_keeps_the_old_records_and_folders(fake, capsys):
+    """--rerun-changed trains the changed runs again (here their training fails at once: the dataset is a stand-in);
+    before that, their records move to earlier_runs with a backup of the old file, their folders aside."""
+    before = json.loads(fake.runs_json.read_text())
+    (fake.work / "default-fast-s0").mkdir(parents=True)
+    (fake.work / "default-fast-s0" / "identity.json").write_text(json.dumps(before["runs"][1]["identity"]))
+    fake.path.write_text(fake.path.read_text().replace("seeds: [0, 1, 2]", "seeds: [0]").replace(
+        "fast: [--tokenizer.type=fast]", "fast: [--tokenizer.type=fast, --tokenizer.scale=20]"))
+    assert _error(capsys, ["study", "run", str(fake.path), *fake.args]).count("--rerun-changed") == 1
+    assert json.loads(fake.runs_json.read_text()) == before
+    assert list(fake.work.iterdir()) == [fake.work / "default-fast-s0"]
+    err = _error(capsys, ["study", "run", str(fake.path), "--rerun-changed", *fake.args])
+    assert "run default-fast-s0: train failed" in err
+    after = json.loads(fake.runs_json.read_text())
+    assert [r["id"] for r in after["runs"]] == ["default-bin-s0"]  # the changed run has no record under the new file
+    assert after["earlier_runs"] == before["runs"][1:]  # every other record kept as it was
+    assert [json.loads(p.read_text()) for p in fake.results.glob("runs.json.*.bak")] == [before]
+    aside = [p.name for p in fake.work.iterdir() if p.name.startswith("default-fast-s0.changed-")]
+    assert len(aside) == 1 and (fake.work / aside[0] / "identity.json").is_file()
+
+
 def test_a_name_that_leaves_the_results_folder_is_refused(fake, capsys, tmp_path, monkeypatch):
     project = tmp_path / "project"
     project.mkdir()

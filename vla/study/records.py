@@ -33,22 +33,25 @@ RUN_FILE = "run.json"
 _RESTORE = "restore it (git checkout, or the newest runs.json.*.bak beside it) or move it aside"
 
 
-def _load(path: Path, what: str) -> Any:
+_REDO = "delete it to evaluate the run again"
+
+
+def _load(path: Path, what: str, fix: str = _RESTORE) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"{path} ({what}) cannot be read ({str(err).splitlines()[0]}); {_RESTORE}") from None
+        raise ValueError(f"{path} ({what}) cannot be read ({str(err).splitlines()[0]}); {fix}") from None
 
 
-def check_record(record: Any, where: str) -> dict[str, Any]:
+def check_record(record: Any, where: str, fix: str = _RESTORE) -> dict[str, Any]:
     """One run's record, as ``vla study run`` writes it: a one-line ``ValueError`` names what is wrong."""
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: a run record must be a JSON object, got {type(record).__name__}; {_RESTORE}")
+        raise ValueError(f"{where}: a run record must be a JSON object, got {type(record).__name__}; {fix}")
 
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
             raise ValueError(f"{where}: run {record.get('id', '?')!r}: '{key}' = {_short(record.get(key))} is not "
-                             f"{what}; {_RESTORE}")
+                             f"{what}; {fix}")
 
     for key in ("id", "setting", "tokenizer"):
         need(isinstance(record.get(key), str) and bool(record.get(key)), key, "a name")
@@ -79,7 +82,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
     """A run folder's ``run.json`` (None when the run has not finished)."""
     if not path.exists():
         return None
-    return check_record(_load(path, "a finished run's record"), str(path))
+    return check_record(_load(path, "a finished run's record", _REDO), str(path), _REDO)
 
 
 def read_runs(path: Path) -> dict[str, Any] | None:
