@@ -208,3 +208,54 @@ def test_finetuning_refuses_what_the_saved_policy_cannot_take(tiny_dataset_root,
     assert main(["train", f"--policy.path={tmp_path / 'source'}", f"--dataset_root={tiny_dataset_root}",
                  f"--output_dir={out}", *FINETUNE]) == 1  # the run folder, not its policy/  # fmt: skip
     assert "(the run's policy is in its policy/ folder)" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_last_lines_give_the_offline_verdict_and_the_next_step(tiny_dataset_root, tmp_path, capsys):
+    """Through the CLI: a run shorter than its schedule is warned about before the first step, and its last lines say
+    what the offline report found (the same verdict as offline_report.json) and what to do next."""
+    from vla.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", f"--dataset_root={tiny_dataset_root}", f"--output_dir={out}", "--steps=2", "--batch_size=4",
+                 "--policy.preset=micro", "--policy.time_horizon=4", "--policy.n_action_steps=2",
+                 "--policy.scheduler_warmup_steps=1", "--policy.scheduler_decay_steps=40", "--policy.device=cpu",
+                 "--heldout_episodes=0.25", "--eval_chunks=8", "--report_chunks=16", "--progress=false",
+                 "--tokenizer.type=bin", "--tokenizer.n_bins=32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    warning = ("WARNING: --steps=2 ends before the learning-rate schedule has decayed (policy.scheduler_decay_steps="
+               "40): the run ends near its peak learning rate; pass --policy.scheduler_decay_steps=2 to decay within "
+               "the run")
+    assert warning in lines and lines.index(warning) < lines.index(f"report in {out / 'offline_report.md'}")
+    report = json.loads((out / "offline_report.json").read_text())
+    said = {True: "yes", False: "no"}
+    verdict = next(line for line in lines if line.startswith("offline verdict: "))
+    rmse = report["policy"]["rmse"]
+    assert f"beats the mean action: {said[report['beats_mean_action']]} ({rmse:.3f} vs " in verdict
+    hold = report["beats_hold_state"]
+    assert (f"beats holding the state: {said[hold]} (" if hold is not None else
+            f"holding the state: not defined ({report['hold_state_undefined_because']})") in verdict
+    assert verdict.endswith("held-out RMSE, normalised, 1 held-out episode (a noisy verdict)")
+    assert lines[-2].startswith("next: rerun with --policy.scheduler_decay_steps=2 (it ended near its peak learning ")
+    assert lines[-1].startswith("final loss ") and (out / "policy" / "config.json").is_file()
+    lr = next(line for line in lines if line.startswith("learning rate at the end: "))
+    assert lr.endswith("of its peak: the schedule decays over 40 steps (policy.scheduler_decay_steps) and the run "
+                       "stopped at 2")
+
+
+def test_the_next_step_follows_the_verdict(tmp_path):
+    cfg = TrainConfig(dataset_root="data", output_dir=str(tmp_path))
+    base = {"mean_action": {"rmse": 0.64}, "hold_state": {"rmse": 0.276}}
+    report = {"policy": {"rmse": 0.35}, "baselines": base, "heldout_episodes": [3], "beats_mean_action": True,
+              "beats_hold_state": False}
+    lines = train.final_lines(report, tmp_path, cfg, 300, 1e-3, 1e-3, 300)
+    assert lines == ["offline verdict: beats the mean action: yes (0.350 vs 0.640); beats holding the state: no (0.350 "
+                     "vs 0.276); held-out RMSE, normalised, 1 held-out episode (a noisy verdict)",
+                     "next: train longer (--steps=600) or record more episodes; a policy that does not beat holding "
+                     "the state will mostly stand still on the robot"]
+    good = {**report, "policy": {"rmse": 0.2}, "beats_hold_state": True, "heldout_episodes": [1, 2, 3]}
+    assert train.final_lines(good, tmp_path, cfg, 300, 1e-4, 1e-3, 300)[-1] == (
+        f"next: run it: vla serve --policy {tmp_path / 'policy'} (on a robot), or vla eval --policy "
+        f"{tmp_path / 'policy'} (in a simulator)")
+    assert train.final_lines(None, tmp_path, cfg, 300, 1e-4, 1e-3, 300) == [
+        "offline verdict: none, no episode was held out; pass --heldout_episodes=0.1 to measure the policy against the "
+        "mean action and holding the state"]

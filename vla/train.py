@@ -204,6 +204,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     # LeRobot's preset shrinks its warm-up and decay to a run shorter than scheduler_decay_steps; here the schedule is a
     # function of the step alone, so a run resumed with more --steps continues the schedule it started.
     scheduler = policy.config.get_scheduler_preset().build(optimizer, max(cfg.steps, policy.config.scheduler_decay_steps))
+    if accelerator.is_main_process and cfg.steps < policy.config.scheduler_decay_steps:  # said before any step
+        print(f"WARNING: {short_schedule(cfg.steps, policy.config.scheduler_decay_steps)}")
     start_step, ema = 0, None
     if resume_from:
         start_step, ema = load_checkpoint(resume_from, policy, optimizer)
@@ -318,10 +320,10 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             report = Heldout.build(info, heldout_eps, train_eps, final.config, cfg.report_chunks).report(
                 final, dataset=str(info.root), steps=step, final_train_loss=losses[-1] if losses else None)
             write_report(report, run)
-            base = report["baselines"]
-            hold = "n/a" if base["hold_state"] is None else f"{base['hold_state']['rmse']:.4f}"
-            print(f"held-out RMSE {report['policy']['rmse']:.4f} (mean action {base['mean_action']['rmse']:.4f}, "
-                  f"hold state {hold}); report in {run / 'offline_report.md'}")  # fmt: skip
+            print(f"report in {run / 'offline_report.md'}")
+        lr = (scheduler.get_last_lr()[0], policy_lr(final), final.config.scheduler_decay_steps)
+        for line in final_lines(report if heldout is not None else None, run, cfg, step, *lr):
+            print(line)  # the verdict and what to do next, last
     if not losses and metrics_file.is_file():  # resumed at the final step (a kill during the final save): no step ran
         rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
         losses = [rows[-1]["loss"]] if rows else []
@@ -335,6 +337,60 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         "heldout_episodes": heldout_eps,
         "tokenizer": final.action_tokenizer.name,
     }
+
+
+# --- the last lines ----------------------------------------------------------------------------------------------
+def short_schedule(steps: int, decay_steps: int) -> str:
+    """Why a run of ``steps`` under a schedule that decays over ``decay_steps`` ends at a high learning rate."""
+    return (f"--steps={steps} ends before the learning-rate schedule has decayed (policy.scheduler_decay_steps="
+            f"{decay_steps}): the run ends near its peak learning rate; pass --policy.scheduler_decay_steps={steps} "
+            "to decay within the run")
+
+
+def policy_lr(policy) -> float:
+    """The peak learning rate of ``policy``'s optimiser preset."""
+    return float(policy.config.get_optimizer_preset().lr)
+
+
+def final_lines(report: dict[str, Any] | None, run: Path, cfg: TrainConfig, steps: int, lr: float, peak: float,
+                decay: int | None) -> list[str]:
+    """The run's last lines: the offline verdict (does the policy beat the mean action and holding the state on the
+    held-out episodes?), how far the learning-rate schedule (decaying over ``decay`` steps) got, and the next step."""
+    lines, policy = [], run / "policy"
+    if decay is not None and steps < decay:
+        lines.append(f"learning rate at the end: {lr:.2g}, {lr / peak:.0%} of its peak: the schedule decays over "
+                     f"{decay} steps (policy.scheduler_decay_steps) and the run stopped at {steps}")
+    if report is None:
+        lines.append("offline verdict: none, no episode was held out; pass --heldout_episodes=0.1 to measure the "
+                     "policy against the mean action and holding the state")
+        return lines
+    p, base, hold = report["policy"], report["baselines"], report["baselines"]["hold_state"]
+    episodes = len(report["heldout_episodes"])
+
+    def said(beats: bool) -> str:
+        return "yes" if beats else "no"
+
+    parts = [f"beats the mean action: {said(report['beats_mean_action'])} ({p['rmse']:.3f} vs "
+             f"{base['mean_action']['rmse']:.3f})"]
+    if hold is None:
+        parts.append(f"holding the state: not defined ({report['hold_state_undefined_because']})")
+    else:
+        parts.append(f"beats holding the state: {said(report['beats_hold_state'])} ({p['rmse']:.3f} vs "
+                     f"{hold['rmse']:.3f})")
+    few = f", {episodes} held-out episode{'s' if episodes != 1 else ''}" + (" (a noisy verdict)" * (episodes < 3))
+    lines.append(f"offline verdict: {'; '.join(parts)}; held-out RMSE, normalised{few}")
+    if not report["beats_mean_action"]:
+        nxt = (f"the policy predicts worse than the average action: train longer (--steps={2 * steps}), and read "
+               f"`vla data info {cfg.dataset_root}` for what in the data hurts")
+    elif report["beats_hold_state"] is False:
+        nxt = (f"train longer (--steps={2 * steps}) or record more episodes; a policy that does not beat holding the "
+               "state will mostly stand still on the robot")
+    else:
+        nxt = f"run it: vla serve --policy {policy} (on a robot), or vla eval --policy {policy} (in a simulator)"
+    if decay is not None and steps < decay:
+        nxt = f"rerun with --policy.scheduler_decay_steps={steps} (it ended near its peak learning rate), then {nxt}"
+    lines.append(f"next: {nxt}")
+    return lines
 
 
 def plot_loss(metrics_file: Path, out: Path) -> None:
