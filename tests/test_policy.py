@@ -388,3 +388,15 @@ def test_a_causal_policy_trains_and_its_cached_decoding_equals_recomputation():
     a = cached.eval().predict_action_chunk(observation)
     b = make_policy("fast", attention="causal", use_kv_cache=False).predict_action_chunk(observation)
     torch.testing.assert_close(a, b)
+
+
+def test_camera_images_outside_the_pixel_rule_are_refused():
+    from vla.policy.images import camera_image
+
+    ok = np.random.default_rng(0).integers(0, 256, (2, 3, 8, 8), dtype=np.uint8)
+    as_float = camera_image(ok.astype(np.float32) / 255, "cam", 2, None)
+    assert torch.equal(camera_image(ok, "cam", 2, None), as_float)  # uint8 and float/255: one image
+    with pytest.raises(ValueError, match=r"is uint16; cameras are uint8 in 0..255 or float in \[0, 1\]"):
+        camera_image(ok.astype(np.uint16) * 256, "cam", 2, None)
+    with pytest.raises(ValueError, match=r"values in \[0, 255\]; float images must lie in \[0, 1\]"):
+        camera_image(np.full((2, 3, 8, 8), 255.0, dtype=np.float32) * (ok > 0), "cam", 2, None)

@@ -48,6 +48,9 @@ class ShiftImages:
         return {**batch, IMAGES: shifted.reshape(b, n, c, h, w)}
 
 
+PIXEL_SLACK = 1e-3  # float pixels a resampling overshot by this much still count as [0, 1]
+
+
 def camera_image(image: Any, key: str, b: int, size: int | None) -> torch.Tensor:
     """One camera ``[B, 3, H, W]`` (or ``[3, H, W]``; uint8 or float in [0, 1]) -> float ``[B, 3, size, size]``
     (``size=None`` keeps the camera's own size)."""
@@ -55,9 +58,19 @@ def camera_image(image: Any, key: str, b: int, size: int | None) -> torch.Tensor
     img = img[None] if img.ndim == 3 else img
     if img.ndim != 4 or img.shape[0] != b or img.shape[1] != 3:
         raise ValueError(f"batch['{key}'] has shape {tuple(img.shape)}; expected [B={b}, 3, H, W] (channels first)")
-    img = img.float() / 255.0 if img.dtype == torch.uint8 else img.float()
-    if not torch.isfinite(img).all():
-        raise ValueError(f"batch['{key}'] holds NaN or inf; check the camera")
+    if img.dtype == torch.uint8:
+        img = img.float() / 255.0
+    elif img.is_floating_point():
+        img = img.float()
+        if not torch.isfinite(img).all():
+            raise ValueError(f"batch['{key}'] holds NaN or inf; check the camera")
+        lo, hi = float(img.min()), float(img.max())
+        if lo < -PIXEL_SLACK or hi > 1.0 + PIXEL_SLACK:
+            raise ValueError(f"batch['{key}'] is a float image with values in [{lo:g}, {hi:g}]; float images must lie "
+                             "in [0, 1]: pass uint8 0..255, or divide 0..255 floats by 255")
+    else:
+        raise ValueError(f"batch['{key}'] is {str(img.dtype).removeprefix('torch.')}; cameras are uint8 in 0..255 or "
+                         "float in [0, 1] (a 16-bit image: (image >> 8) as uint8)")
     if size is not None and img.shape[-2:] != (size, size):
         img = F.interpolate(img, size=(size, size), mode="bilinear", antialias=True)
     return img
