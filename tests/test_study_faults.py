@@ -302,15 +302,18 @@ def test_a_cell_trained_on_two_datasets_is_marked_mixed(fake, capsys):
 # --- one study per folder, children ended with it ----------------------------------------------------------------
 
 
-def test_a_second_study_run_in_a_folder_is_refused(fake, capsys):
-    fake.work.mkdir()
+@pytest.mark.parametrize("where", ["work", "results"])
+def test_a_second_study_run_in_a_folder_is_refused(fake, capsys, where):
+    """A study run holds its work folder (where its trainers write) and its results folder (runs.json)."""
+    folder = fake.work if where == "work" else fake.results
+    folder.mkdir(exist_ok=True)
     lock = {"pid": os.getpid(), "host": socket.gethostname(), "started": "now", "command": ["vla"], "children": []}
-    (fake.work / LOCK_FILE).write_text(json.dumps(lock))
+    (folder / LOCK_FILE).write_text(json.dumps(lock))
     before = fake.runs_json.read_bytes()
     err = _error(capsys, ["study", "run", str(fake.path), *fake.args])
-    assert f"is in use by another vla study run (pid {os.getpid()} on {socket.gethostname()}" in err
+    assert f"{folder} is in use by another vla study run (pid {os.getpid()} on {socket.gethostname()}" in err
     assert f"kill {os.getpid()}" in err and fake.runs_json.read_bytes() == before
-    assert json.loads((fake.work / LOCK_FILE).read_text()) == lock
+    assert json.loads((folder / LOCK_FILE).read_text()) == lock and not (fake.work / "default-bin-s0").exists()
 
 
 def test_a_stale_lock_is_taken_over_unless_its_child_still_runs(fake, capsys):

@@ -385,8 +385,14 @@ def run_study(
     check_training_arguments(study, study.runs())
     check_results_folder(study, results, read_runs(results / RUNS_FILE))
     _refuse_changed(study, plan(study, work, results), rerun_changed)  # before the lock creates the work folder
-    with StudyLock(work, log) as lock, Children(lock) as children:
+    with StudyLock(work, log) as lock, _results_lock(results, work, log), Children(lock) as children:
         return _run_locked(study, work, results, commit, dirty, rerun_changed, progress, log, lock, children)
+
+
+def _results_lock(results: Path, work: Path, log) -> contextlib.AbstractContextManager:
+    """The results folder held too (two study runs with their own work folders would write one runs.json)."""
+    same = results.resolve() == work.resolve()
+    return contextlib.nullcontext() if same else StudyLock(results, log)
 
 
 def _run_locked(study, work, results, commit, dirty, rerun_changed, progress, log, lock, children) -> dict[str, Any]:
