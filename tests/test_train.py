@@ -223,8 +223,8 @@ def test_the_last_lines_give_the_offline_verdict_and_the_next_step(tiny_dataset_
                  "--tokenizer.type=bin", "--tokenizer.n_bins=32"]) == 0
     lines = capsys.readouterr().out.splitlines()
     warning = ("WARNING: --steps=2 ends before the learning-rate schedule has decayed (policy.scheduler_decay_steps="
-               "40): the run ends near its peak learning rate; pass --policy.scheduler_decay_steps=2 to decay within "
-               "the run")
+               "40): its last step runs at 99% of the peak learning rate; pass --policy.scheduler_decay_steps=2 to "
+               "decay within the run")  # warmed up over 1 step, then 2 of 40 steps of cosine decay
     assert warning in lines and lines.index(warning) < lines.index(f"report in {out / 'offline_report.md'}")
     report = json.loads((out / "offline_report.json").read_text())
     said = {True: "yes", False: "no"}
@@ -235,7 +235,8 @@ def test_the_last_lines_give_the_offline_verdict_and_the_next_step(tiny_dataset_
     assert (f"beats holding the state: {said[hold]} (" if hold is not None else
             f"holding the state: not defined ({report['hold_state_undefined_because']})") in verdict
     assert verdict.endswith("held-out RMSE, normalised, 1 held-out episode (a noisy verdict)")
-    assert lines[-2].startswith("next: rerun with --policy.scheduler_decay_steps=2 (it ended near its peak learning ")
+    assert lines[-2].startswith("next: ") and lines[-2].endswith(
+        "; and set --policy.scheduler_decay_steps to the run's steps (it had not decayed by step 2)")
     assert lines[-1].startswith("final loss ") and (out / "policy" / "config.json").is_file()
     lr = next(line for line in lines if line.startswith("learning rate at the end: "))
     assert lr.endswith("of its peak: the schedule decays over 40 steps (policy.scheduler_decay_steps) and the run "

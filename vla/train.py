@@ -205,7 +205,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     # function of the step alone, so a run resumed with more --steps continues the schedule it started.
     scheduler = policy.config.get_scheduler_preset().build(optimizer, max(cfg.steps, policy.config.scheduler_decay_steps))
     if accelerator.is_main_process and cfg.steps < policy.config.scheduler_decay_steps:  # said before any step
-        print(f"WARNING: {short_schedule(cfg.steps, policy.config.scheduler_decay_steps)}")
+        share = scheduler.lr_lambdas[0](cfg.steps)  # the schedule is a function of the step: its last step's share
+        print(f"WARNING: {short_schedule(cfg.steps, policy.config.scheduler_decay_steps, share)}")
     start_step, ema = 0, None
     if resume_from:
         start_step, ema = load_checkpoint(resume_from, policy, optimizer)
@@ -340,11 +341,12 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
 
 
 # --- the last lines ----------------------------------------------------------------------------------------------
-def short_schedule(steps: int, decay_steps: int) -> str:
-    """Why a run of ``steps`` under a schedule that decays over ``decay_steps`` ends at a high learning rate."""
+def short_schedule(steps: int, decay_steps: int, share: float) -> str:
+    """Why a run of ``steps`` under a schedule that decays over ``decay_steps`` ends at ``share`` of its peak
+    learning rate, not at the decay's low end."""
     return (f"--steps={steps} ends before the learning-rate schedule has decayed (policy.scheduler_decay_steps="
-            f"{decay_steps}): the run ends near its peak learning rate; pass --policy.scheduler_decay_steps={steps} "
-            "to decay within the run")
+            f"{decay_steps}): its last step runs at {share:.0%} of the peak learning rate; pass "
+            f"--policy.scheduler_decay_steps={steps} to decay within the run")
 
 
 def policy_lr(policy) -> float:
@@ -388,7 +390,7 @@ def final_lines(report: dict[str, Any] | None, run: Path, cfg: TrainConfig, step
     else:
         nxt = f"run it: vla serve --policy {policy} (on a robot), or vla eval --policy {policy} (in a simulator)"
     if decay is not None and steps < decay:
-        nxt = f"rerun with --policy.scheduler_decay_steps={steps} (it ended near its peak learning rate), then {nxt}"
+        nxt += f"; and set --policy.scheduler_decay_steps to the run's steps (it had not decayed by step {steps})"
     lines.append(f"next: {nxt}")
     return lines
 
