@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import action_tokenizers as at
+from action_tokenizers import rate
 from action_tokenizers import reference
 
 from .conftest import D, T
@@ -157,8 +158,8 @@ def test_byte_level_matches_reference_on_values_never_seen_at_fit(train_chunks):
 
 
 def test_vocab_size_none_grows_with_the_coefficient_range(train_chunks):
-    assert at.FASTTokenizer.fit(train_chunks[:300]).vocab_size <= 1024
-    wide = at.FASTTokenizer.fit(train_chunks[:300], scale=200.0)  # ~1300 symbols: 2**ceil(log2(1300 + 256))
+    assert at.FASTTokenizer.fit(train_chunks[:300], vocab_size=None).vocab_size <= 1024
+    wide = at.FASTTokenizer.fit(train_chunks[:300], scale=200.0, vocab_size=None)  # ~1300 symbols: 2**ceil(log2(1300 + 256))
     q = wide.n_symbols
     assert wide.vocab_size <= max(1024, 2 ** int(np.ceil(np.log2(q + 256)))) and wide.vocab_size >= q
     assert wide.vocab_size > 1024
@@ -228,3 +229,52 @@ def test_byte_level_decode_equals_the_bpe_decoder(fast_bl_tok, fast_bl_wide, hel
         if ok:
             q = np.array([ord(c) for c in text]).reshape(T, D) + fast_bl_tok.min_token
             np.testing.assert_allclose(actions, scipy.fft.idct(q / fast_bl_tok.scale, axis=0, norm="ortho"), atol=1e-12)
+
+
+def test_auto_vocabulary_grows_with_the_data_and_says_why(train_chunks):
+    few = at.FASTTokenizer.fit(train_chunks[:200])
+    many = at.FASTTokenizer.fit(np.concatenate([train_chunks] * 8))  # the same chunks, each id seen 8x as often
+    assert few.vocab_size in rate.VOCAB_CANDIDATES and many.vocab_size in rate.VOCAB_CANDIDATES
+    assert few.vocab_size < many.vocab_size
+    assert "smallest vocabulary" in few.fit_choices["vocab_size"]
+    assert f"at least {rate.MIN_MEDIAN_ID_COUNT} times" in many.fit_choices["vocab_size"]
+    assert many.encode_stats.chunks == 0  # the choice's own encodes are not counted as the caller's
+    counts = rate.id_counts(many.encode(np.concatenate([train_chunks] * 8)), many.vocab_size)
+    assert np.median(counts[counts > 0]) >= rate.MIN_MEDIAN_ID_COUNT  # what the reason claims holds
+    explicit = at.FASTTokenizer.fit(train_chunks[:200], vocab_size=512)
+    assert explicit.vocab_size == 512 and explicit.fit_choices == {}  # an explicit value wins
+    published = at.FASTTokenizer.fit(train_chunks[:200], byte_level=True)
+    assert published.vocab_size == at.FASTTokenizer.fit(train_chunks[:200], byte_level=True, vocab_size=None).vocab_size
+    with pytest.raises(ValueError, match="vocab_size must be an integer, 'auto' or None"):
+        at.FASTTokenizer.fit(train_chunks[:200], vocab_size="big")
+
+
+def test_auto_alphabet_clips_a_few_outlying_chunks_and_counts_them(train_chunks):
+    chunks = train_chunks.copy()
+    chunks[:2] *= 40  # two chunks far outside the normalised range
+    full = at.FASTTokenizer.fit(chunks, vocab_size=None)
+    auto = at.FASTTokenizer.fit(chunks)
+    assert auto.n_symbols * 3 < full.n_symbols  # the alphabet is not widened for two chunks
+    assert "clipped when encoded" in auto.fit_choices["alphabet"]
+    ids = auto.encode(chunks[:10])
+    assert auto.encode_stats.clipped > 0  # the outliers are clipped, and counted
+    decoded = auto.decode(ids, time_horizon=chunks.shape[1], action_dim=chunks.shape[2])
+    err = np.linalg.norm((decoded.actions - chunks[:10]).reshape(10, -1), axis=1)
+    bound = (0.5 + auto.deadzone) * np.sqrt(chunks.shape[1] * chunks.shape[2]) / auto.scale
+    assert (err[2:] <= bound + 1e-9).all() and (err[:2] > bound).all()  # only the outliers lose precision
+    clean = at.FASTTokenizer.fit(train_chunks)
+    assert clean.fit_choices["alphabet"].startswith("the coefficients' full range")
+
+
+def test_the_vocabulary_rule_takes_the_largest_whose_typical_id_is_common():
+    seen = []
+
+    def spell(size):  # a typical id seen 4000 / size * 100 times: 128 -> 3125, 256 -> 1562, 512 -> 781, 1024 -> 390
+        seen.append(size)
+        return np.full(size, 400_000 // size)
+
+    size, why = rate.choose_vocab_size(65, 10_000, spell)
+    assert size == 512 and seen == [128, 256, 512, 1024]  # stops at the first too rare
+    assert "781 times; 1024 ids: 390 times" in why
+    size, why = rate.choose_vocab_size(200, 100, lambda v: np.full(v, 3))
+    assert size == 256 and "smallest vocabulary that holds the 200-symbol alphabet" in why

@@ -51,6 +51,7 @@ from .base import (
     ActionTokenizer,
     DecodeMode,
     DecodeResult,
+    EncodeStats,
     as_chunk_batch,
     as_id_batch,
     check_mode,
@@ -58,7 +59,7 @@ from .base import (
     check_size,
     finish_decode,
 )
-from . import byte_level, char_level
+from . import byte_level, char_level, rate
 from .byte_level import ByteLevelEncoder
 from .coefficients import (
     SCALE_RANGE,
@@ -74,6 +75,7 @@ from .coefficients import (
 )
 from .constraint import Constraint, LengthConstraint
 from .longest_match import Trie
+from .rate import AUTO
 from .reference import bpe_trainer, load_bpe, read_reference
 from .utf8 import UNICODE_TO_BYTE, ByteDecoder, ByteTables, Utf8Constraint
 
@@ -102,10 +104,11 @@ class FASTTokenizer(ActionTokenizer):
             metadata={"help": "DCT coefficients are scaled by this and rounded: higher is finer and costs more "
                               "tokens"},
         )
-        vocab_size: int | None = field(
-            default=None,
-            metadata={"help": "BPE vocabulary; None: max(1024, 2**ceil(log2(n_symbols + 256))) for the fitted "
-                              "coefficient range"},
+        vocab_size: int | str | None = field(
+            default=AUTO,
+            metadata={"help": "BPE vocabulary; 'auto': chosen from the fitting chunks (action_tokenizers.rate: the "
+                              "largest whose typical id is seen often enough, with outlying coefficients clipped); "
+                              "None: the published rule, max(1024, 2**ceil(log2(n_symbols + 256)))"},
         )
         byte_level: bool = field(
             default=False,
@@ -177,16 +180,23 @@ class FASTTokenizer(ActionTokenizer):
         cls,
         chunks: np.ndarray,
         scale: float = 10.0,
-        vocab_size: int | None = None,
+        vocab_size: int | str | None = AUTO,
         byte_level: bool = False,
         order: str | None = None,
         deadzone: float | None = None,
         target_rmse: float | None = None,
         show_progress: bool = False,
     ) -> FASTTokenizer:
-        """Fit on normalised chunks ``[N, T, D]``: the coefficient range, then the BPE merges."""
+        """Fit on normalised chunks ``[N, T, D]``: the coefficient range, then the BPE merges. With
+        ``vocab_size="auto"`` both are chosen from the chunks (``action_tokenizers.rate``; byte-level keeps the
+        published rule), and ``fit_choices`` says what was chosen and why."""
         check_scale(scale)
-        if vocab_size is not None:
+        auto = isinstance(vocab_size, str)
+        if auto and vocab_size != AUTO:
+            raise ValueError(f"vocab_size must be an integer, {AUTO!r} or None (the published rule), got {vocab_size!r}")
+        if auto and byte_level:
+            vocab_size = auto = None  # the published byte-level tokenizer, as published
+        if vocab_size is not None and not auto:
             check_size("vocab_size", vocab_size, 2, MAX_VOCAB_SIZE, "MAX_VOCAB_SIZE")
         order = order if order is not None else ("frequency" if byte_level else "dimension")
         deadzone = deadzone if deadzone is not None else (0.0 if byte_level else DEFAULT_DEADZONE)
@@ -201,6 +211,12 @@ class FASTTokenizer(ActionTokenizer):
                 "chunks are normalised"
             )
         min_token, max_token = int(q.min()), int(q.max())
+        choices: dict[str, str] = {}
+        if auto:
+            alphabet = rate.auto_alphabet(q)
+            min_token, max_token = alphabet.min_token, alphabet.max_token
+            q = np.clip(q, min_token, max_token)
+            choices["alphabet"] = alphabet.why
         n_symbols = max_token - min_token + 1
         if n_symbols > MAX_SYMBOLS or max(-min_token, max_token) > MAX_MIN_TOKEN:  # symbols are code points
             raise ValueError(
@@ -208,6 +224,30 @@ class FASTTokenizer(ActionTokenizer):
                 f"{MAX_SYMBOLS} a FAST alphabet can hold (MAX_SYMBOLS, and |coefficient| <= {MAX_MIN_TOKEN}); lower "
                 f"scale (now {scale}) and check that the chunks are normalised"
             )
+        strings = ints_to_strings(flatten((q - min_token).astype(np.int64), order))
+        shape = dict(scale=scale, min_token=min_token, n_symbols=n_symbols, byte_level=byte_level, order=order,
+                     deadzone=deadzone, time_horizon=arr.shape[1], action_dim=arr.shape[2])
+
+        def train(size: int) -> FASTTokenizer:
+            trainer = bpe_trainer(size, n_symbols, show_progress)
+            # Byte-level: the reference trains the inner tokenizer of a ByteLevelBPETokenizer with this trainer;
+            # character-level has no pre-tokenizer: a whole chunk is one word.
+            bpe = ByteLevelBPETokenizer()._tokenizer if byte_level else Tokenizer(models.BPE())
+            bpe.train_from_iterator(strings, trainer=trainer, length=len(strings))
+            return cls(bpe, **shape)
+
+        if auto:
+            fitted: dict[int, FASTTokenizer] = {}
+
+            def spell(size: int) -> np.ndarray:
+                fitted[size] = train(size)
+                return rate.id_counts(fitted[size].encode(arr), fitted[size].vocab_size)
+
+            size, choices["vocab_size"] = rate.choose_vocab_size(n_symbols, len(arr), spell)
+            tok = fitted[size]
+            tok.encode_stats = EncodeStats()  # the choice's own encodes are not the caller's
+            tok.fit_choices = choices
+            return tok
         if vocab_size is None:
             vocab_size = max(1024, int(2 ** math.ceil(math.log2(n_symbols + 256))))
         # The reference allows max - min == vocab_size; character-level needs one id per symbol.
@@ -215,28 +255,10 @@ class FASTTokenizer(ActionTokenizer):
         if n_symbols > limit:
             raise ValueError(
                 f"the rounded DCT coefficients span {n_symbols} values ({min_token}..{max_token}) but vocab_size "
-                f"is {vocab_size}; raise vocab_size to at least {n_symbols} (or pass None), lower scale (now "
+                f"is {vocab_size}; raise vocab_size to at least {n_symbols} (or pass 'auto', which clips outlying coefficients), lower scale (now "
                 f"{scale}), and check that the chunks are normalised"
             )
-        strings = ints_to_strings(flatten((q - min_token).astype(np.int64), order))
-        trainer = bpe_trainer(vocab_size, n_symbols, show_progress)
-        if byte_level:
-            # The reference trains the inner tokenizer of a ByteLevelBPETokenizer with this trainer.
-            bpe = ByteLevelBPETokenizer()._tokenizer
-        else:
-            bpe = Tokenizer(models.BPE())  # no pre-tokenizer: a whole chunk is one word
-        bpe.train_from_iterator(strings, trainer=trainer, length=len(strings))
-        return cls(
-            bpe,
-            scale=scale,
-            min_token=min_token,
-            n_symbols=n_symbols,
-            byte_level=byte_level,
-            order=order,
-            deadzone=deadzone,
-            time_horizon=arr.shape[1],
-            action_dim=arr.shape[2],
-        )
+        return train(vocab_size)
 
     @property
     def vocab_size(self) -> int:
