@@ -7,6 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import action_tokenizers as at
+
 from vla import train
 from vla.policy.factory import build_policy
 from vla.config import TrainConfig, load_config
@@ -260,3 +262,16 @@ def test_the_next_step_follows_the_verdict(tmp_path):
     assert train.final_lines(None, tmp_path, cfg, 300, 1e-4, 1e-3, 300) == [
         "offline verdict: none, no episode was held out; pass --heldout_episodes=0.1 to measure the policy against the "
         "mean action and holding the state"]
+
+
+def test_the_tokenizers_choices_from_the_data_are_said_and_kept_through_a_resume(tiny_dataset_root, tmp_path, capsys):
+    auto = tokenizer_config("fast")  # vocab_size "auto": chosen from the training chunks
+    train.main(config(tiny_dataset_root, tmp_path, steps=2, tokenizer=auto))
+    out = capsys.readouterr().out
+    tok = at.load_tokenizer(tmp_path / "policy" / "action_tokenizer")
+    assert f"chose tokenizer.vocab_size = {tok.vocab_size}: " in out and "chose tokenizer.alphabet = " in out
+    chosen = json.loads((tmp_path / "train_config.json").read_text())["chosen"]
+    assert chosen["tokenizer.vocab_size"].startswith(f"{tok.vocab_size}: the ")
+    train.main(config(tiny_dataset_root, tmp_path, steps=4, tokenizer=auto, resume=True))  # the same settings
+    assert json.loads((tmp_path / "train_config.json").read_text())["chosen"] == chosen
+    assert "chose tokenizer." not in capsys.readouterr().out  # a resumed run fits nothing

@@ -191,6 +191,11 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     policy = VLAPolicy.from_pretrained(resume_from / "policy") if resume_from else build_policy(cfg, info, train_eps)
     policy.train()
+    if not resume_from:  # what the tokenizer's fit chose from the data: said, and kept with the run's other choices
+        for name, (value, why) in policy.action_tokenizer.fit_choices.items():
+            if accelerator.is_main_process:
+                print(f"chose tokenizer.{name} = {value}: {why}")
+            encoded.setdefault("chosen", {})[f"tokenizer.{name}"] = f"{value}: {why}"
 
     # LeRobot's presets from the policy config: the same optimiser and schedule under lerobot-train. Its AdamW runs as
     # one fused kernel over every tensor where torch has one (CPU, CUDA): the same update, ~4x faster than the

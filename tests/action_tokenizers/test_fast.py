@@ -236,8 +236,8 @@ def test_auto_vocabulary_grows_with_the_data_and_says_why(train_chunks):
     many = at.FASTTokenizer.fit(np.concatenate([train_chunks] * 8))  # the same chunks, each id seen 8x as often
     assert few.vocab_size in rate.VOCAB_CANDIDATES and many.vocab_size in rate.VOCAB_CANDIDATES
     assert few.vocab_size < many.vocab_size
-    assert "smallest vocabulary" in few.fit_choices["vocab_size"]
-    assert f"at least {rate.MIN_MEDIAN_ID_COUNT} times" in many.fit_choices["vocab_size"]
+    assert few.fit_choices["vocab_size"][0] == few.vocab_size and "smallest vocabulary" in few.fit_choices["vocab_size"][1]
+    assert f"at least {rate.MIN_MEDIAN_ID_COUNT} times" in many.fit_choices["vocab_size"][1]
     assert many.encode_stats.chunks == 0  # the choice's own encodes are not counted as the caller's
     counts = rate.id_counts(many.encode(np.concatenate([train_chunks] * 8)), many.vocab_size)
     assert np.median(counts[counts > 0]) >= rate.MIN_MEDIAN_ID_COUNT  # what the reason claims holds
@@ -255,7 +255,8 @@ def test_auto_alphabet_clips_a_few_outlying_chunks_and_counts_them(train_chunks)
     full = at.FASTTokenizer.fit(chunks, vocab_size=None)
     auto = at.FASTTokenizer.fit(chunks)
     assert auto.n_symbols * 3 < full.n_symbols  # the alphabet is not widened for two chunks
-    assert "clipped when encoded" in auto.fit_choices["alphabet"]
+    value, why = auto.fit_choices["alphabet"]
+    assert value == f"{auto.min_token}..{auto.min_token + auto.n_symbols - 1}" and "clipped when encoded" in why
     ids = auto.encode(chunks[:10])
     assert auto.encode_stats.clipped > 0  # the outliers are clipped, and counted
     decoded = auto.decode(ids, time_horizon=chunks.shape[1], action_dim=chunks.shape[2])
@@ -263,7 +264,7 @@ def test_auto_alphabet_clips_a_few_outlying_chunks_and_counts_them(train_chunks)
     bound = (0.5 + auto.deadzone) * np.sqrt(chunks.shape[1] * chunks.shape[2]) / auto.scale
     assert (err[2:] <= bound + 1e-9).all() and (err[:2] > bound).all()  # only the outliers lose precision
     clean = at.FASTTokenizer.fit(train_chunks)
-    assert clean.fit_choices["alphabet"].startswith("the coefficients' full range")
+    assert clean.fit_choices["alphabet"][1] == "the coefficients' full range"
 
 
 def test_the_vocabulary_rule_takes_the_largest_whose_typical_id_is_common():

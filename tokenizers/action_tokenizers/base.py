@@ -91,9 +91,9 @@ class ActionTokenizer(ABC):
 
     def __init__(self) -> None:
         self.encode_stats = EncodeStats()
-        # What fit chose from the chunks, and why (an option left to the data, e.g. FAST's vocab_size="auto"): printed
-        # by whoever fitted it; not saved (the tokenizer's own files hold the values chosen).
-        self.fit_choices: dict[str, str] = {}
+        # What fit chose from the chunks: option -> (value, why), for an option left to the data (FAST's
+        # vocab_size="auto"). Printed by whoever fitted it; the tokenizer's own files hold the values chosen.
+        self.fit_choices: dict[str, tuple[Any, str]] = {}
 
     # --- the interface -------------------------------------------------------------------------------------
     @classmethod

@@ -211,12 +211,12 @@ class FASTTokenizer(ActionTokenizer):
                 "chunks are normalised"
             )
         min_token, max_token = int(q.min()), int(q.max())
-        choices: dict[str, str] = {}
+        choices: dict[str, tuple[Any, str]] = {}
         if auto:
             alphabet = rate.auto_alphabet(q)
             min_token, max_token = alphabet.min_token, alphabet.max_token
             q = np.clip(q, min_token, max_token)
-            choices["alphabet"] = alphabet.why
+            choices["alphabet"] = (f"{min_token}..{max_token}", alphabet.why)
         n_symbols = max_token - min_token + 1
         if n_symbols > MAX_SYMBOLS or max(-min_token, max_token) > MAX_MIN_TOKEN:  # symbols are code points
             raise ValueError(
@@ -243,7 +243,8 @@ class FASTTokenizer(ActionTokenizer):
                 fitted[size] = train(size)
                 return rate.id_counts(fitted[size].encode(arr), fitted[size].vocab_size)
 
-            size, choices["vocab_size"] = rate.choose_vocab_size(n_symbols, len(arr), spell)
+            size, why = rate.choose_vocab_size(n_symbols, len(arr), spell)
+            choices["vocab_size"] = (size, why)
             tok = fitted[size]
             tok.encode_stats = EncodeStats()  # the choice's own encodes are not the caller's
             tok.fit_choices = choices

@@ -47,10 +47,10 @@ def auto_alphabet(q: np.ndarray) -> Alphabet:
     lo, hi = int(q.min()), int(q.max())
     tail_lo, tail_hi = (int(v) for v in np.quantile(q, [ALPHABET_TAIL / 2, 1 - ALPHABET_TAIL / 2], method="nearest"))
     if (tail_hi - tail_lo + 1) * 2 > hi - lo + 1:  # the tails hardly widen it: keep everything
-        return Alphabet(lo, hi, 0.0, f"the coefficients' full range {lo}..{hi}")
+        return Alphabet(lo, hi, 0.0, "the coefficients' full range")
     clipped = float(np.mean((q < tail_lo) | (q > tail_hi)))
-    why = (f"{tail_lo}..{tail_hi}, the range of all but {clipped:.4%} of the coefficients (all of them span {lo}..{hi}: "
-           "a few outlying chunks); those are clipped when encoded, and counted")
+    why = (f"the range of all but {clipped:.4%} of the coefficients (all of them span {lo}..{hi}: a few outlying "
+           "chunks); those are clipped when encoded, and counted")
     return Alphabet(tail_lo, tail_hi, clipped, why)
 
 
