@@ -163,3 +163,15 @@ def test_evaluation_behind_a_delay(tiny_policy, tmp_path):
         evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, ahead=True, progress=False)
     with pytest.raises(ValueError, match="--delay-ms must be a time in milliseconds"):
         evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, delay_ms=-5, progress=False)
+
+
+def test_evaluation_given_a_training_runs_folder_names_the_policy_inside_it(tiny_policy, capsys):
+    from pathlib import Path
+
+    from vla.cli import main
+
+    run = Path(tiny_policy).parent
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["eval", "--policy", str(run), "--episodes", "1"]) != 0
+    assert f"is a training run's folder, not a policy; did you mean --policy {run / 'policy'}?" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing written beside the run

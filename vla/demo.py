@@ -32,14 +32,16 @@ from vla.provenance import provenance
 from vla.sim import record
 
 def configs_dir(here: Path | None = None) -> Path:
-    """The experiment files: the checkout's ``configs/``, or the copy an installed wheel carries (``vla/configs``);
-    ``here`` is the ``vla`` package's folder."""
+    """The experiment files (``vla.config.shipped_configs``: the checkout's ``configs/``, or the copy an installed
+    wheel carries), or a clear error when neither is there; ``here`` is the ``vla`` package's folder."""
+    from vla.config import shipped_configs
+
     here = here or Path(__file__).resolve().parent
-    for candidate in (here.parent / "configs", here / "configs"):
-        if (candidate / "fast.yaml").is_file():
-            return candidate
-    raise FileNotFoundError(f"no configs/ beside {here} nor inside it; reinstall the package (pip install "
-                            "vla-action-tokenizers) or run from a checkout")  # fmt: skip
+    found = shipped_configs(here)
+    if found is None:
+        raise FileNotFoundError(f"no configs/ beside {here} nor inside it; reinstall the package (pip install "
+                                "vla-action-tokenizers) or run from a checkout")
+    return found
 
 
 CONFIGS_DIR = configs_dir()

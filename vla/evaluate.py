@@ -26,6 +26,7 @@ import torch
 
 from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
+from vla.policy.saved_config import check_policy_folder
 from vla.sim import EVAL_SEED_START, env_names, make_env
 from vla.sim.rollout import run_episodes, summarize
 
@@ -188,6 +189,7 @@ def evaluate(
         path = Path(policy)
         if not path.is_dir():
             raise ValueError(f"no policy at {path}; pass the folder a training run wrote (e.g. outputs/train/NAME/policy)")
+        check_policy_folder(path)  # a training run's folder: names the policy inside it
         policy = VLAPolicy.from_pretrained(path)
         recording = training_recording(path)
         if env_options is None:

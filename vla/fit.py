@@ -80,7 +80,7 @@ def add_cli(subparsers) -> None:
     group.set_defaults(func=lambda args: group.print_help() or 2)
     sub = group.add_subparsers(dest="tokenizer_command", metavar="SUBCOMMAND")
     p = sub.add_parser("fit", help="fit on the training episodes, save with the normaliser, report held-out error")
-    p.add_argument("--root", type=Path, required=True, help="a local LeRobot v3.0 dataset")
+    p.add_argument("--root", "--dataset_root", type=Path, required=True, help="a local LeRobot v3.0 dataset")
     p.add_argument("--type", required=True, help="the tokenizer, as vla compare names it: " + ", ".join(at.TOKENIZERS)
                    + ", with options name:option=value,... (e.g. bin:n_bins=128)")  # fmt: skip
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",

@@ -173,6 +173,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {world} processes")
     run = Path(cfg.output_dir)
     info = reader.dataset_info(cfg.dataset_root)  # meta/ read once, passed on
+    reader.check_frames(info)  # the data rows agree with meta/: refused before anything is written
     saved_policy = cfg.policy if cfg.policy.pretrained_path is not None else None  # fine-tuning (--policy.path)
     if saved_policy is not None and not cfg.resume:  # the saved policy fits the data: checked before any change
         check_finetuning(cfg, info)
@@ -315,6 +316,10 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     bar.close()
     elapsed = time.perf_counter() - start_time
 
+    if not losses and metrics_file.is_file():  # resumed at the final step (a kill during the final save): no step ran
+        rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+        losses = [rows[-1]["loss"]] if rows else []
+    final_loss, samples_per_s = (losses[-1] if losses else float("nan")), seen / max(elapsed, 1e-9)
     final = accelerator.unwrap_model(policy)
     if accelerator.is_main_process:
         if ema is not None:  # the policy people use carries the EMA weights
@@ -327,18 +332,16 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                 final, dataset=str(info.root), steps=step, final_train_loss=losses[-1] if losses else None)
             write_report(report, run)
             print(f"report in {run / 'offline_report.md'}")
+        print(f"final loss {final_loss:.4f}, {samples_per_s:.1f} samples/s; policy in {run / 'policy'}")
         lr = (scheduler.get_last_lr()[0], policy_lr(final), final.config.scheduler_decay_steps)
         for line in final_lines(report if heldout is not None else None, run, cfg, step, *lr):
             print(line)  # the verdict and what to do next, last
-    if not losses and metrics_file.is_file():  # resumed at the final step (a kill during the final save): no step ran
-        rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-        losses = [rows[-1]["loss"]] if rows else []
     return {
-        "final_loss": losses[-1] if losses else float("nan"),
+        "final_loss": final_loss,
         "losses": losses,
         "steps": step,
         "train_seconds": elapsed,
-        "samples_per_s": seen / max(elapsed, 1e-9),
+        "samples_per_s": samples_per_s,
         "policy_path": str(run / "policy"),
         "heldout_episodes": heldout_eps,
         "tokenizer": final.action_tokenizer.name,

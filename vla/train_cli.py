@@ -31,7 +31,7 @@ def _run(args) -> int:
 
     cfg = parse_args(list(getattr(args, "extra", [])))  # draccus reads --config_path itself
     try:
-        summary = main(cfg)
+        main(cfg)  # its last lines: the final loss, the offline verdict and the next step
     except KeyboardInterrupt as err:  # Ctrl-C: where the run stands and how to go on, not a traceback
         if PartialState().is_main_process:
             print(f"vla train: {stopped(cfg, _step_of(err))}", file=sys.stderr)
@@ -41,8 +41,6 @@ def _run(args) -> int:
         if full is None:
             raise
         raise full from None
-    if PartialState().is_main_process:  # one line per run, not one per process
-        print(f"final loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s; policy in {summary['policy_path']}")
     return 0
 
 

@@ -76,7 +76,9 @@ def _run(args: argparse.Namespace) -> int:
         max_clients_per_ip=args.max_clients_per_ip, idle_timeout_s=args.idle_timeout,
         history_reset_s=args.history_reset, keys=_key_map(args.key),
     )  # fmt: skip
-    _check_policy_folder(args.policy)
+    from vla.policy.saved_config import check_policy_folder
+
+    check_policy_folder(args.policy)
     # once the settings hold; force: an import above installs a WARNING-level handler, which would hide
     # "serving on ws://HOST:PORT" (the port chosen for --port 0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
@@ -94,19 +96,6 @@ def _run(args: argparse.Namespace) -> int:
               f"'reset': true on an episode's first (the server keeps each connection's last {n})", flush=True)
     PolicyServer(policy, config).run()
     return 0
-
-
-def _check_policy_folder(path: Path) -> None:
-    """A folder without a saved policy's config.json is refused before anything loads, naming the policy inside it
-    when it is a training run's folder (its ``policy/``, else its latest checkpoint's)."""
-    if (path / "config.json").is_file():
-        return
-    inner = [path / "policy"] + sorted(path.glob("checkpoints/*/policy"), reverse=True)
-    found = next((p for p in inner if (p / "config.json").is_file()), None)
-    if found is not None:
-        raise ValueError(f"{path} is a training run's folder, not a policy; did you mean --policy {found}?")
-    raise ValueError(f"{path} holds no saved policy (no config.json); pass the folder a training run wrote "
-                     "(outputs/train/NAME/policy)")
 
 
 def main(argv: list[str] | None = None) -> int:
