@@ -403,6 +403,8 @@ def test_a_readme_that_says_untraced_has_untraced_files():
 
 def test_the_library_example_on_the_tokenizers_page_runs(tmp_path, monkeypatch):
     """The ``python`` block of docs/tokenizers.md runs as written, on smooth synthetic actions."""
+    import action_tokenizers as at
+    from action_tokenizers.rate import VOCAB_CANDIDATES
     from action_tokenizers.synthetic import smooth_chunks
 
     text = (ROOT / "docs" / "tokenizers.md").read_text(encoding="utf-8")
@@ -412,8 +414,12 @@ def test_the_library_example_on_the_tokenizers_page_runs(tmp_path, monkeypatch):
     scope = {"frames": chunks.reshape(-1, 7), "chunks": chunks, "T": 10, "D": 7}
     monkeypatch.chdir(tmp_path)
     exec(compile(blocks[0], "docs/tokenizers.md", "exec"), scope)  # noqa: S102 - our own documentation
+    norm = scope["norm"]
     assert scope["out"].actions.shape == (4, 10, 7) and scope["out"].valid.all()
-    assert scope["tok"].vocab_size >= 256 and (tmp_path / "outputs" / "tokenizers" / "fast").is_dir()
+    tok = scope["tok"]  # loaded back from the folder the example saved
+    assert (tmp_path / "outputs" / "tokenizers" / "fast").is_dir() and tok.vocab_size in VOCAB_CANDIDATES
+    fitted = at.FASTTokenizer.fit(norm.normalize(chunks), scale=10)  # the page's fit: vocab_size "auto" says its choice
+    assert fitted.fit_choices["vocab_size"][0] == fitted.vocab_size == tok.vocab_size
 
 
 # --- the docs agree with each other and with the traced results ----------------------------------------------------
