@@ -37,12 +37,14 @@ from vla.data.stats import frame_stats  # noqa: E402
 
 SCALES = [2.0, 3.0, 5.0, 7.0, 10.0, 14.0, 20.0, 28.0, 40.0]
 COMPARE_AT = [5.0, 10.0, 20.0]  # the published points the comparison is read at
-VARIANTS = {  # label -> FASTTokenizer.fit options (scale swept)
+# label -> FASTTokenizer.fit options (scale swept). The vocabulary is the published rule's (vocab_size None: 1,024 ids
+# on these datasets) throughout, as when results/rate_distortion was measured; FAST now chooses it from the data.
+VARIANTS = {
     "published (byte-level BPE, frequency-major)": {"byte_level": True},
-    "char-level, frequency-major, longest match": {"order": "frequency", "deadzone": 0.0},
-    "char-level, frequency-major, deadzone 0.2": {"order": "frequency", "deadzone": 0.2},
-    "char-level, dimension-major": {"order": "dimension", "deadzone": 0.0},
-    "char-level, dimension-major, deadzone 0.2 (new default)": {},
+    "char-level, frequency-major, longest match": {"order": "frequency", "deadzone": 0.0, "vocab_size": None},
+    "char-level, frequency-major, deadzone 0.2": {"order": "frequency", "deadzone": 0.2, "vocab_size": None},
+    "char-level, dimension-major": {"order": "dimension", "deadzone": 0.0, "vocab_size": None},
+    "char-level, dimension-major, deadzone 0.2 (new default)": {"vocab_size": None},
     "new default, vocab 2048": {"vocab_size": 2048},
 }
 PUBLISHED = next(iter(VARIANTS))

@@ -239,6 +239,10 @@ def evaluate(
         if decode_ms is None:
             decode_ms = decode_time(runner, envs[0], seed_start)
         delay_steps = math.ceil((delay_ms + decode_ms) * envs[0].fps / 1000 - 1e-9)
+        if ahead and delay_steps >= config.time_horizon:
+            print(f"WARNING: a reply arrives {delay_steps} control steps after its observation, but a chunk holds "
+                  f"{config.time_horizon} actions: with --ahead every reply is stale when it lands and the robot holds "
+                  "after its first chunk; use a policy with longer chunks, or evaluate without --ahead")
     on_step = None
     if record_frames:
 
