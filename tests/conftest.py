@@ -4,6 +4,7 @@
     tiny_image_dataset_root  2 episodes with a 64 px corner2 image per frame
     gemma_like_dir           a stand-in for PaliGemma's Gemma tokenizer.json
     T, D, fitted_tokenizers  small synthetic chunks and one tokenizer of each kind fitted on them
+    assert_plot              a PNG that shows something: its size, and coloured marks beyond grey axes and text
 
 The datasets are recorded by ``vla.sim.record`` with training seeds from 0 and are read-only for tests (copy
 one with ``shutil.copytree`` before changing it).
@@ -20,6 +21,27 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach the hub
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("MUJOCO_GL", "egl")
+
+def assert_plot(path: Path, min_width: int = 300, min_height: int = 200, coloured: bool = True) -> None:
+    """``path`` is a drawn plot: a PNG at least ``min_width`` x ``min_height`` pixels, neither blank nor one fill, with
+    coloured pixels (data series: axes, ticks and text are grey or black, so a figure of empty axes fails); a grey
+    image (``coloured=False``, an attention mask) must instead mark a tenth of the figure."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG", f"{path} is not a PNG"
+        rgb = np.asarray(image.convert("RGB"), dtype=np.int16)
+    height, width, _ = rgb.shape
+    assert width >= min_width and height >= min_height, f"{path} is {width} x {height} pixels"
+    ink = (rgb.min(axis=2) < 200).mean()  # any pixel darker than a light grey
+    assert 0.002 < ink < 0.9, f"{path}: {ink:.1%} of its pixels are marked (blank, or one fill)"
+    if not coloured:
+        assert ink > 0.1, f"{path}: only {ink:.1%} of its pixels are marked"
+        return
+    colour = ((rgb.max(axis=2) - rgb.min(axis=2)) > 60).mean()  # saturated: a data series, not an axis
+    assert colour > 0.0005, f"{path} holds no coloured marks: axes without data?"
+
 
 TINY_EPISODES = 4
 TINY_IMAGE_EPISODES = 2

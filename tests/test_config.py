@@ -57,9 +57,17 @@ def test_tokenizer_choices_are_the_librarys_registry():
         assert choice.options() == dataclasses.asdict(cls.Options())
 
 
-def test_policy_config_is_the_one_config():
-    cfg = load_config("configs/fast.yaml", ["--policy.time_horizon=8", "--policy.n_action_steps=4"])
-    assert isinstance(cfg.policy, VLAConfig) and cfg.policy.time_horizon == 8
+def test_policy_config_is_the_one_config(tiny_dataset_root, tmp_path):
+    """The policy a run builds is the one the training config carries (LeRobot's VLAConfig, no copy in between)."""
+    from vla.data import reader
+    from vla.policy.factory import build_policy
+
+    cfg = load_config("configs/fast.yaml", ["--policy.time_horizon=8", "--policy.n_action_steps=4",
+                                             "--policy.preset=micro", f"--dataset_root={tiny_dataset_root}"])
+    info = reader.dataset_info(tiny_dataset_root)
+    policy = build_policy(cfg.resolved(info, log=None), info, list(range(info.num_episodes)))
+    assert type(policy.config) is VLAConfig and policy.config.time_horizon == 8 and policy.config.n_action_steps == 4
+    assert policy.action_tokenizer.time_horizon == 8  # fitted on chunks of the config's length
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,10 @@ def test_a_read_info_is_passed_on_and_the_dataset_is_a_torch_dataset(tiny_datase
     info = dataset_info(tiny_dataset_root)
     assert as_info(info) is info
     np.testing.assert_array_equal(action_chunks(info, T)[0], action_chunks(tiny_dataset_root, T)[0])
-    assert isinstance(ActionChunkDataset(info, T, backend="memory"), torch.utils.data.Dataset)
+    dataset = ActionChunkDataset(info, T, backend="memory")
+    assert isinstance(dataset, torch.utils.data.Dataset) and len(dataset) == info.num_frames  # a chunk per frame
+    chunks, _ = action_chunks(info, T)
+    np.testing.assert_allclose(np.asarray(dataset[5]["action"]), chunks[5])  # the same chunk, however it is read
 
 
 def test_chunk_shapes_and_padding_at_episode_ends(tiny_dataset_root):

@@ -10,6 +10,7 @@ from vla import evaluate, train
 from vla.config import TrainConfig
 from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
+from tests.conftest import assert_plot
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,8 @@ def test_demo_quick_reports_every_tokenizer(tmp_path):
         assert 0.0 <= row["success_rate"] <= 1.0 and np.isfinite(row["final_loss"])
         assert row["valid_chunk_rate"] == 1.0
         assert set(row["tasks"]) == {"drawer-open-v3", "drawer-close-v3"}  # the quick demo's two tasks
-    assert (tmp_path / "demo.png").stat().st_size > 1000 and (tmp_path / "demo_tasks.png").stat().st_size > 1000
+    assert_plot(tmp_path / "demo.png")
+    assert_plot(tmp_path / "demo_tasks.png")
     assert "| drawer-close-v3 |" in (tmp_path / "demo.md").read_text()
 
 
@@ -77,7 +79,7 @@ def test_evaluation_over_several_tasks_reports_each(tiny_policy, tmp_path):
         assert task["episodes"] == 2 and task["lengths"] == [6, 6] and min(task["seeds"]) >= evaluate.EVAL_SEED_START
     assert report["success_rate"] == np.mean([t["success_rate"] for t in report["tasks"].values()])
     assert "| drawer-open-v3 |" in (tmp_path / "eval_tasks.md").read_text()
-    assert (tmp_path / "eval_tasks.png").stat().st_size > 1000
+    assert_plot(tmp_path / "eval_tasks.png")
 
 
 def test_evaluation_in_lerobots_observation_convention(tmp_path):

@@ -17,6 +17,7 @@ from vla.tokenizer_choice import tokenizer_config
 from vla.heldout import Heldout
 from vla.policy.pipeline import AbsoluteActions, RelativeActions, run
 from vla.policy import VLAConfig, VLAPolicy
+from tests.conftest import assert_plot
 
 EPISODES, FRAMES, T = 6, 16, 4
 ACTION_NAMES = ["j1.pos", "j2.pos", "gripper.pos"]
@@ -158,8 +159,9 @@ def test_relative_training_predicts_absolute_chunks_and_reports(arm_root, tmp_pa
     report = json.loads((tmp_path / "offline_report.json").read_text())
     assert report["n_chunks"] == 16 and report["heldout_episodes"] == summary["heldout_episodes"]
     assert report["beats_mean_action"] == (report["policy"]["rmse"] < report["baselines"]["mean_action"]["rmse"])
-    for name in ("offline_report.md", "offline_report.png", "heldout.png"):
-        assert (tmp_path / name).stat().st_size > 100
+    assert (tmp_path / "offline_report.md").read_text().startswith("#")
+    for name in ("offline_report.png", "heldout.png"):
+        assert_plot(tmp_path / name)
 
 
 def test_relative_actions_with_an_absolute_pretrained_tokenizer_is_refused(arm_root, tmp_path):

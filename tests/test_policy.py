@@ -62,10 +62,21 @@ def test_config_is_registered_and_carries_what_lerobot_needs():
     assert config.type == "vla"
     assert config.action_delta_indices == list(range(7))
     assert config.observation_delta_indices is None and config.reward_delta_indices is None
+    # The presets LeRobot's trainer builds: the config's AdamW, warmed up linearly to the peak, decayed to decay_lr.
+    config = VLAConfig(time_horizon=7, n_action_steps=3, device="cpu", scheduler_warmup_steps=3,
+                       scheduler_decay_steps=10)
     params = [torch.nn.Parameter(torch.zeros(2))]
     optimizer = config.get_optimizer_preset().build(params)
-    assert isinstance(optimizer, torch.optim.AdamW)
-    assert config.get_scheduler_preset().build(optimizer, num_training_steps=10) is not None
+    assert optimizer.defaults["lr"] == config.optimizer_lr and optimizer.defaults["weight_decay"] == config.optimizer_weight_decay
+    scheduler = config.get_scheduler_preset().build(optimizer, num_training_steps=10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    lrs.append(scheduler.get_last_lr()[0])
+    assert lrs[0] == pytest.approx(config.optimizer_lr / 4) and lrs[0] < lrs[1] < lrs[2] < config.optimizer_lr  # warm-up
+    assert all(a > b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] == pytest.approx(config.scheduler_decay_lr)
 
 
 @pytest.mark.parametrize(
