@@ -33,7 +33,10 @@ $(STAMP): $(PYTHON) pyproject.toml plugin/pyproject.toml
 
 setup: $(STAMP)
 
+# ruff (configured in pyproject.toml) checks the formatting and the lint rules first: a change that fails them fails CI.
 test: setup
+	$(VENV)/bin/ruff format --check --quiet . || (echo "formatting differs: run $(VENV)/bin/ruff format ."; exit 1)
+	$(VENV)/bin/ruff check --quiet .
 	$(PYTHON) -m pytest -q
 
 demo: setup

@@ -62,7 +62,9 @@ def main() -> None:
         print(task, {k: v for k, v in report["tasks"][task].items() if k != "lengths"})
     report["versions"] = {p: version(p) for p in ("mujoco", "gym-aloha")}
     load = os.getloadavg()[0]  # the timings are wall clock: a busy machine slows them down
-    report["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, 1 thread used, load average {load:.1f} at the end"
+    report["machine"] = (
+        f"{platform.machine()}, {os.cpu_count()} cores, 1 thread used, load average {load:.1f} at the end"
+    )
     OUT.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {OUT}")
 

@@ -31,12 +31,21 @@ def load(runs_path: Path) -> list[dict]:
         task = info["env"].split("/", 1)[1]
         tokenizer = run["tokenizer"] + (f", T={run['time_horizon']}" if run.get("time_horizon") else "")
         tokenizer += ", relative" if run.get("relative_actions") else ""
-        rows.append({
-            **{k: v for k, v in run.items() if k != "evaluation"}, "tokenizer": tokenizer, "task": task, "success_rate": info["success_rate"], "episodes": info["episodes"],
-            "tokens_per_chunk": info["tokens_per_chunk"], "n_action_steps": info["n_action_steps"],
-            "temporal_ensemble": info.get("temporal_ensemble"), "num_beams": info.get("num_beams", 1),
-            "latency_ms_mean": info["latency_ms_mean"], "seed_start": info["seed_start"],
-        })  # fmt: skip
+        rows.append(
+            {
+                **{k: v for k, v in run.items() if k != "evaluation"},
+                "tokenizer": tokenizer,
+                "task": task,
+                "success_rate": info["success_rate"],
+                "episodes": info["episodes"],
+                "tokens_per_chunk": info["tokens_per_chunk"],
+                "n_action_steps": info["n_action_steps"],
+                "temporal_ensemble": info.get("temporal_ensemble"),
+                "num_beams": info.get("num_beams", 1),
+                "latency_ms_mean": info["latency_ms_mean"],
+                "seed_start": info["seed_start"],
+            }
+        )
     return rows
 
 
@@ -55,15 +64,23 @@ def episodes(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| task | tokenizer | demos | steps | decoding, actions run per chunk | ids/chunk | latency ms | success |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| task | tokenizer | demos | steps | decoding, actions run per chunk | ids/chunk | latency ms | success |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['task']} | {r['tokenizer']} | {r['demos']} | {r['steps']:,} | {decoding(r)} | "
-                     f"{r['tokens_per_chunk']:.1f} | {r['latency_ms_mean']:.0f} | "
-                     f"{r['success_rate']:.1%} ({episodes(r)}) |")  # fmt: skip
-    lines += ["", "Latency: one observation at a time, from each evaluation at its own machine load (compare orders "
-              "of magnitude only). Dashed lines in the chart: ACT's own success, " +
-              ", ".join(f"{t} {v:.0%}" for t, v in TARGETS.items()) + "."]  # fmt: skip
+        lines.append(
+            f"| {r['task']} | {r['tokenizer']} | {r['demos']} | {r['steps']:,} | {decoding(r)} | "
+            f"{r['tokens_per_chunk']:.1f} | {r['latency_ms_mean']:.0f} | "
+            f"{r['success_rate']:.1%} ({episodes(r)}) |"
+        )
+    lines += [
+        "",
+        "Latency: one observation at a time, from each evaluation at its own machine load (compare orders "
+        "of magnitude only). Dashed lines in the chart: ACT's own success, "
+        + ", ".join(f"{t} {v:.0%}" for t, v in TARGETS.items())
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -82,8 +99,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
     tasks = [t for t in TARGETS if any(r["task"] == t for r in rows)]
     counts = [sum(r["task"] == t for r in rows) for t in tasks]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(1.0 * sum(counts) + 2, 4.8), squeeze=False,
-                             gridspec_kw={"width_ratios": counts})
+    fig, axes = plt.subplots(
+        1, len(tasks), figsize=(1.0 * sum(counts) + 2, 4.8), squeeze=False, gridspec_kw={"width_ratios": counts}
+    )
     for ax, task in zip(axes[0], tasks):
         mine = [r for r in rows if r["task"] == task]
         labels = [bar_label(r) for r in mine]

@@ -37,16 +37,16 @@ import sys
 import time
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 import torch
-
-import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
+
 from vla.model.decode import VocabConstraint, fixed_chunk_length, generate
-from vla.provenance import processor_name, provenance
 from vla.model.prefix_lm import build_model
 from vla.model.sequence import SequenceLayout
 from vla.model.vocab import VocabMap
+from vla.provenance import processor_name, provenance
 
 TASK = "push the puck to the goal"
 
@@ -61,18 +61,43 @@ def fit_tokenizers(time_horizon: int, action_dim: int) -> dict[str, at.ActionTok
     }
 
 
-DECODERS = {"lean": dict(use_cache=True, lean=True), "transformers": dict(use_cache=True, lean=False),
-            "recompute": dict(use_cache=False), "parallel": dict(use_cache=True, lean=True)}  # fmt: skip
+DECODERS = {
+    "lean": dict(use_cache=True, lean=True),
+    "transformers": dict(use_cache=True, lean=False),
+    "recompute": dict(use_cache=False),
+    "parallel": dict(use_cache=True, lean=True),
+}
 DEFAULT_DECODERS = ["lean", "transformers", "recompute"]
 
 
-def predict(model, layout, tok, constraint, images, state, *, decoder: str = "lean", max_new_tokens: int, t: int,
-            d: int, temperature: float = 0.0, generator=None):  # fmt: skip
+def predict(
+    model,
+    layout,
+    tok,
+    constraint,
+    images,
+    state,
+    *,
+    decoder: str = "lean",
+    max_new_tokens: int,
+    t: int,
+    d: int,
+    temperature: float = 0.0,
+    generator=None,
+):
     """What predict_action_chunk does, minus normalisation: prompt -> ids -> chunk. Returns (generation, decoded)."""
     prompt = layout.build_prefix([TASK] * len(state), state)
-    gen = generate(model, prompt, vocab=layout.vocab, constraint=constraint, images=images,
-                   max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
-                   **DECODERS[decoder])  # fmt: skip
+    gen = generate(
+        model,
+        prompt,
+        vocab=layout.vocab,
+        constraint=constraint,
+        images=images,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        generator=generator,
+        **DECODERS[decoder],
+    )
     return gen, gen.decode(tok, t, d)
 
 
@@ -108,15 +133,24 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
         decoders = [d for d in args.decoders if d != "parallel" or slots is not None]
         parallel = (None, None)  # (model, layout) of one-pass decoding: the same backbone weights plus the query slots
         if "parallel" in decoders:
-            parallel = (build_model(preset, vocab, num_cameras=1, seed=0, query_slots=slots).eval(),
-                        SequenceLayout(vocab, image_tokens=model.image_tokens, num_cameras=1, max_prefix_len=256,
-                                       decoding="parallel", num_slots=slots))  # fmt: skip
+            parallel = (
+                build_model(preset, vocab, num_cameras=1, seed=0, query_slots=slots).eval(),
+                SequenceLayout(
+                    vocab,
+                    image_tokens=model.image_tokens,
+                    num_cameras=1,
+                    max_prefix_len=256,
+                    decoding="parallel",
+                    num_slots=slots,
+                ),
+            )
         state = rng.uniform(-1, 1, (1, args.state_dim))
         images = torch.rand(1, 1, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(0))
         shape = dict(t=args.time_horizon, d=args.action_dim)
         # The constrained greedy run fixes the number of steps both constrained and free rows decode.
-        gen, _ = predict(model, layout, tok, constraint, images, state,
-                         max_new_tokens=constraint.max_length + 1, **shape)  # fmt: skip
+        gen, _ = predict(
+            model, layout, tok, constraint, images, state, max_new_tokens=constraint.max_length + 1, **shape
+        )
         steps = gen.steps
         constraint_ms = constraint_ms_per_step(constraint, gen.tokens)
         prefix_len = int(layout.build_prefix([TASK], state).valid.sum())
@@ -127,10 +161,17 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
             for constrained in (True, False):
                 n = args.valid_chunks[preset]
                 sampled, out = predict(
-                    m, lay, tok, constraint if constrained else None, images.expand(n, -1, -1, -1, -1),
-                    rng.uniform(-1, 1, (n, args.state_dim)), max_new_tokens=constraint.max_length + 1,
-                    temperature=1.0, generator=torch.Generator().manual_seed(0), **shape,
-                )  # fmt: skip
+                    m,
+                    lay,
+                    tok,
+                    constraint if constrained else None,
+                    images.expand(n, -1, -1, -1, -1),
+                    rng.uniform(-1, 1, (n, args.state_dim)),
+                    max_new_tokens=constraint.max_length + 1,
+                    temperature=1.0,
+                    generator=torch.Generator().manual_seed(0),
+                    **shape,
+                )
                 validity[one_pass, constrained] = (float(out.valid.mean()), float(np.mean(sampled.tokens_per_chunk)), n)
         reps = {d: args.reps[preset] if d != "recompute" else max(2, args.reps[preset] // 2) for d in decoders}
         runs = {(d, c): ([], [], []) for d in decoders for c in (True, False)}  # -> (times, tokens, valid)
@@ -142,8 +183,17 @@ def bench_preset(preset: str, toks: dict, args) -> list[dict]:
                 for constrained in (True, False):
                     start = time.perf_counter()
                     budget = constraint.max_length + 1 if constrained else steps
-                    g, out = predict(m, lay, tok, constraint if constrained else None, images, state,
-                                     decoder=decoder, max_new_tokens=budget, **shape)  # fmt: skip
+                    g, out = predict(
+                        m,
+                        lay,
+                        tok,
+                        constraint if constrained else None,
+                        images,
+                        state,
+                        decoder=decoder,
+                        max_new_tokens=budget,
+                        **shape,
+                    )
                     elapsed = (time.perf_counter() - start) * 1000
                     if rep:
                         times, tokens, valid = runs[decoder, constrained]
@@ -208,8 +258,14 @@ def step_split(model, layout, constraint, images, state, preset: str, name: str,
             if rep:
                 prefill.append((mid - start) * 1000)
                 step.append((end - mid) * 1000 / min(8, n - 1))
-    row = {"preset": preset, "tokenizer": name, "split": True, "prefill_ms_p50": round(float(np.median(prefill)), 2),
-           "lean_step_ms_p50": round(float(np.median(step)), 3), "reps": args.reps[preset]}  # fmt: skip
+    row = {
+        "preset": preset,
+        "tokenizer": name,
+        "split": True,
+        "prefill_ms_p50": round(float(np.median(prefill)), 2),
+        "lean_step_ms_p50": round(float(np.median(step)), 3),
+        "reps": args.reps[preset],
+    }
     print(json.dumps(row), flush=True)
     return [row]
 
@@ -247,10 +303,16 @@ def bench_policy(path: Path, reps: int) -> list[dict]:
                     steps.append(policy.last_decode_info["steps"])
     rows = []
     for decoder, t in times.items():
-        row = {"policy": str(path), "decoder": decoder, "latency_ms_p50": round(float(np.median(t)), 2),
-               "latency_ms_p95": round(float(np.percentile(t, 95)), 2), "latency_ms_min": round(float(np.min(t)), 2),
-               "decode_steps_mean": float(np.mean(steps)), "reps": reps,
-               "ms_per_step_p50": round(float(np.median(t)) / float(np.mean(steps)), 3)}  # fmt: skip
+        row = {
+            "policy": str(path),
+            "decoder": decoder,
+            "latency_ms_p50": round(float(np.median(t)), 2),
+            "latency_ms_p95": round(float(np.percentile(t, 95)), 2),
+            "latency_ms_min": round(float(np.min(t)), 2),
+            "decode_steps_mean": float(np.mean(steps)),
+            "reps": reps,
+            "ms_per_step_p50": round(float(np.median(t)) / float(np.mean(steps)), 3),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -322,14 +384,28 @@ def bench_wide(names: list[str], threads: list[int], reps: int) -> list[dict]:
             finally:
                 torch.set_num_threads(before)
             p50 = float(np.percentile(times, 50))
-            row = {"robot": name, "model_seed": seed, "time_horizon": t, "action_dim": d, "state_dim": s, "fast_scale": scale,
-                   "threads": n, "decoder": "lean", "ids_per_chunk": ids, "trained_ids_per_chunk": target,
-                   "tokenizer_ids_per_chunk": round(data_ids, 1), "decode_steps": g.steps,
-                   "latency_ms_p50": round(p50, 2), "latency_ms_p95": round(float(np.percentile(times, 95)), 2),
-                   "ms_per_step_p50": round(p50 / g.steps, 3), "prefill_ms_p50": round(float(np.median(prefill)), 2),
-                   "lean_step_ms_p50": round(float(np.median(step)), 3),
-                   "constraint_ms_per_step": round(constraint_ms, 4), "reps": reps,
-                   "load_average": round(os.getloadavg()[0], 2)}  # fmt: skip
+            row = {
+                "robot": name,
+                "model_seed": seed,
+                "time_horizon": t,
+                "action_dim": d,
+                "state_dim": s,
+                "fast_scale": scale,
+                "threads": n,
+                "decoder": "lean",
+                "ids_per_chunk": ids,
+                "trained_ids_per_chunk": target,
+                "tokenizer_ids_per_chunk": round(data_ids, 1),
+                "decode_steps": g.steps,
+                "latency_ms_p50": round(p50, 2),
+                "latency_ms_p95": round(float(np.percentile(times, 95)), 2),
+                "ms_per_step_p50": round(p50 / g.steps, 3),
+                "prefill_ms_p50": round(float(np.median(prefill)), 2),
+                "lean_step_ms_p50": round(float(np.median(step)), 3),
+                "constraint_ms_per_step": round(constraint_ms, 4),
+                "reps": reps,
+                "load_average": round(os.getloadavg()[0], 2),
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -374,9 +450,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decoders", nargs="+", default=DEFAULT_DECODERS, choices=list(DECODERS))
     parser.add_argument("--policy", type=Path, default=None, help="also time this saved policy's predict_action_chunk")
     parser.add_argument("--policy-reps", type=int, default=40)
-    parser.add_argument("--wide", nargs="*", default=None, choices=list(WIDE),
-                        help="only the robots of every width (state-only tiny FAST policies): "
-                        f"{', '.join(WIDE)} (none named: all), at --wide-threads")  # fmt: skip
+    parser.add_argument(
+        "--wide",
+        nargs="*",
+        default=None,
+        choices=list(WIDE),
+        help="only the robots of every width (state-only tiny FAST policies): "
+        f"{', '.join(WIDE)} (none named: all), at --wide-threads",
+    )
     parser.add_argument("--wide-threads", nargs="+", type=int, default=[1, 2])
     args = parser.parse_args(argv)
     if args.wide is not None:
@@ -425,26 +506,43 @@ def write_wide(args) -> None:
     rows = bench_wide(args.wide or list(WIDE), args.wide_threads, reps)
     # The file's other sections (the full comparison of tokenizers and decoders) are kept as they were measured.
     record = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    record["wide_meta"] = {"device": "cpu", "preset": "tiny", "batch": 1, "cameras": 0, "state_encoding": "embedding",
-                           "decoding": "greedy under the constraint, lean loop, random weights (model_seed per row)",
-                           "cpus": os.cpu_count(), "load_average": os.getloadavg()}  # fmt: skip
+    record["wide_meta"] = {
+        "device": "cpu",
+        "preset": "tiny",
+        "batch": 1,
+        "cameras": 0,
+        "state_encoding": "embedding",
+        "decoding": "greedy under the constraint, lean loop, random weights (model_seed per row)",
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
     record["wide"] = rows
     kept = sorted(set(record) - {"wide", "wide_meta", "provenance"})
-    record["provenance"] = provenance(config={"wide": WIDE, "threads": args.wide_threads, "reps": reps},
-                                      sections_from_an_earlier_run=kept, earlier_run=record.get("provenance"))  # fmt: skip
+    record["provenance"] = provenance(
+        config={"wide": WIDE, "threads": args.wide_threads, "reps": reps},
+        sections_from_an_earlier_run=kept,
+        earlier_run=record.get("provenance"),
+    )
     write_json(args.out, record)
-    lines = ["# Decoding latency per robot width (`scripts/bench_decode.py --wide`)", "",
-             f"tiny, batch 1, state only (one embedding), FAST, greedy under the constraint, the lean loop, {reps} "
-             f"repetitions after one warm-up, {os.cpu_count()} shared cores. ids: the chunk decoded (random weights, "
-             "a state chosen so that it has about a trained policy's count), the trained policy's, and the "
-             "tokenizer's own mean on the synthetic chunks.", "",
-             "| robot | T x D | threads | ids (trained, tokenizer) | p50 ms | p95 ms | per step ms | prefill ms | "
-             "model step ms | constraint ms/step | load |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "# Decoding latency per robot width (`scripts/bench_decode.py --wide`)",
+        "",
+        f"tiny, batch 1, state only (one embedding), FAST, greedy under the constraint, the lean loop, {reps} "
+        f"repetitions after one warm-up, {os.cpu_count()} shared cores. ids: the chunk decoded (random weights, "
+        "a state chosen so that it has about a trained policy's count), the trained policy's, and the "
+        "tokenizer's own mean on the synthetic chunks.",
+        "",
+        "| robot | T x D | threads | ids (trained, tokenizer) | p50 ms | p95 ms | per step ms | prefill ms | "
+        "model step ms | constraint ms/step | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['robot']} | {r['time_horizon']} x {r['action_dim']} | {r['threads']} | {r['ids_per_chunk']} "
-                     f"({r['trained_ids_per_chunk']}, {r['tokenizer_ids_per_chunk']}) | {r['latency_ms_p50']} | "
-                     f"{r['latency_ms_p95']} | {r['ms_per_step_p50']} | {r['prefill_ms_p50']} | {r['lean_step_ms_p50']} | "
-                     f"{r['constraint_ms_per_step']} | {r['load_average']} |")  # fmt: skip
+        lines.append(
+            f"| {r['robot']} | {r['time_horizon']} x {r['action_dim']} | {r['threads']} | {r['ids_per_chunk']} "
+            f"({r['trained_ids_per_chunk']}, {r['tokenizer_ids_per_chunk']}) | {r['latency_ms_p50']} | "
+            f"{r['latency_ms_p95']} | {r['ms_per_step_p50']} | {r['prefill_ms_p50']} | {r['lean_step_ms_p50']} | "
+            f"{r['constraint_ms_per_step']} | {r['load_average']} |"
+        )
     atomic_write_text(args.out.with_suffix(".md"), "\n".join(lines) + "\n")
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 

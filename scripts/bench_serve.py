@@ -54,8 +54,18 @@ def wait_healthy(port: int, timeout_s: float = 120.0) -> None:
 
 def start_server(policy: Path, port: int, threads: int, extra: list[str] = ()) -> subprocess.Popen:
     """``vla serve`` in its own process (through ``vla.serve.cli.main``, the same parser as the command)."""
-    cmd = [sys.executable, "-c", "import sys; from vla.serve.cli import main; sys.exit(main())", "--policy",
-           str(policy), "--port", str(port), "--threads", str(threads), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from vla.serve.cli import main; sys.exit(main())",
+        "--policy",
+        str(policy),
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        *extra,
+    ]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_healthy(port)
@@ -63,8 +73,17 @@ def start_server(policy: Path, port: int, threads: int, extra: list[str] = ()) -
 
 
 def start_proxy(listen: int, target: int, delay_ms: float) -> subprocess.Popen:
-    cmd = [sys.executable, __file__, "proxy", "--listen", str(listen), "--target", str(target),
-           "--delay-ms", str(delay_ms)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "proxy",
+        "--listen",
+        str(listen),
+        "--target",
+        str(target),
+        "--delay-ms",
+        str(delay_ms),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     return proc
@@ -178,8 +197,9 @@ def round_trips(port: int, clients: int, requests: int, task: str) -> dict:
 
 
 # --- 2. closed loop -----------------------------------------------------------------------------------------------
-def closed_loop(server_port: int, proxy_port: int, delays: list[float], episodes: int, max_steps: int,
-                seed_start: int) -> list[dict]:  # fmt: skip
+def closed_loop(
+    server_port: int, proxy_port: int, delays: list[float], episodes: int, max_steps: int, seed_start: int
+) -> list[dict]:
     from vla.serve import ChunkExecutor, PolicyClient
     from vla.serve.robot import run_realtime_episode
     from vla.sim.metaworld_env import MetaWorldEnv
@@ -231,22 +251,35 @@ def closed_loop(server_port: int, proxy_port: int, delays: list[float], episodes
 
 # --- report -------------------------------------------------------------------------------------------------------
 def markdown(result: dict) -> str:
-    lines = ["## Round trip on loopback", "", "| clients | p50 ms | p95 ms | server decode p50 ms | mean batch | "
-             "chunks/s |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "## Round trip on loopback",
+        "",
+        "| clients | p50 ms | p95 ms | server decode p50 ms | mean batch | chunks/s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in result["round_trip"]:
-        lines.append(f"| {r['clients']} | {r['round_trip_ms_p50']:.1f} | {r['round_trip_ms_p95']:.1f} | "
-                     f"{r['server_infer_ms_p50']:.1f} | {r['batch_size_mean']:.1f} | "
-                     f"{r['throughput_chunks_per_s']:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {r['clients']} | {r['round_trip_ms_p50']:.1f} | {r['round_trip_ms_p95']:.1f} | "
+            f"{r['server_infer_ms_p50']:.1f} | {r['batch_size_mean']:.1f} | "
+            f"{r['throughput_chunks_per_s']:.1f} |"
+        )
     if result.get("closed_loop"):
-        lines += ["", "## Real-time Meta-World push-v3 (80 Hz), sync vs overlapped", "",
-                  "| chunk | delay each way | mode | success | jerk | held ticks | stale per chunk | wasted chunks | "
-                  "round trip p50 / p95 ms |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "## Real-time Meta-World push-v3 (80 Hz), sync vs overlapped",
+            "",
+            "| chunk | delay each way | mode | success | jerk | held ticks | stale per chunk | wasted chunks | "
+            "round trip p50 / p95 ms |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in result["closed_loop"]:
-            lines.append(f"| T={r['time_horizon']} ({r['chunk_ms']:.0f} ms) | {r['delay_ms_each_way']:.0f} ms | "
-                         f"{r['mode']} | {r['success_rate']:.0%} | "
-                         f"{r['jerk']:.3f} | "
-                         f"{r['held_fraction']:.0%} | {r['stale_per_chunk']:.1f} | {r['wasted_chunks']} | "
-                         f"{r['round_trip_ms_p50']:.0f} / {r['round_trip_ms_p95']:.0f} |")  # fmt: skip
+            lines.append(
+                f"| T={r['time_horizon']} ({r['chunk_ms']:.0f} ms) | {r['delay_ms_each_way']:.0f} ms | "
+                f"{r['mode']} | {r['success_rate']:.0%} | "
+                f"{r['jerk']:.3f} | "
+                f"{r['held_fraction']:.0%} | {r['stale_per_chunk']:.1f} | {r['wasted_chunks']} | "
+                f"{r['round_trip_ms_p50']:.0f} / {r['round_trip_ms_p95']:.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -323,8 +356,9 @@ def main(argv: list[str] | None = None) -> None:
                 for r in rows:
                     print(json.dumps(r), flush=True)
             if not args.skip_closed_loop:
-                loop += closed_loop(args.port, args.proxy_port, args.delays_ms, args.episodes, args.max_steps,
-                                    args.seed_start)  # fmt: skip
+                loop += closed_loop(
+                    args.port, args.proxy_port, args.delays_ms, args.episodes, args.max_steps, args.seed_start
+                )
         finally:
             stop(server)
     result = {
@@ -345,8 +379,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     from vla.provenance import provenance
 
-    settings = {k: [str(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v
-                for k, v in vars(args).items()}  # fmt: skip
+    settings = {
+        k: [str(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v
+        for k, v in vars(args).items()
+    }
     result["provenance"] = provenance(config=settings, dataset=None)
     args.out.mkdir(parents=True, exist_ok=True)
     from vla.io import atomic_write_text, write_json

@@ -29,15 +29,15 @@ import time
 import warnings
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 import scipy.fft
 import torch
-from tqdm.auto import tqdm
-
-import action_tokenizers as at
 from action_tokenizers import reference
 from action_tokenizers.coefficients import flatten, ints_to_strings, split_rows
 from action_tokenizers.synthetic import smooth_chunks
+from tqdm.auto import tqdm
+
 from tokenizers import Tokenizer, models
 from vla.io import atomic_write_text
 from vla.provenance import provenance
@@ -65,8 +65,13 @@ def timed_mean(fn, min_seconds: float) -> tuple[float, float]:
 
 def spread(ratios: list[float]) -> dict:
     q = np.percentile(ratios, [0, 25, 50, 75, 100])
-    return {"median": float(q[2]), "iqr": [float(q[1]), float(q[3])], "min": float(q[0]), "max": float(q[4]),
-            "per_round": [round(float(r), 2) for r in ratios]}  # fmt: skip
+    return {
+        "median": float(q[2]),
+        "iqr": [float(q[1]), float(q[3])],
+        "min": float(q[0]),
+        "max": float(q[4]),
+        "per_round": [round(float(r), 2) for r in ratios],
+    }
 
 
 def throughput(
@@ -103,23 +108,30 @@ def throughput(
             loads.append(os.getloadavg()[0])
     n = len(held)
     ratio = lambda times, k: [a / b for a, b in zip(times["lean"], times[k])]  # noqa: E731
-    ref_s = timed(lambda: reference.decode(bpe, reference.encode(bpe, held, scale, min_token), scale, min_token,
-                                           *held.shape[1:]))[0]  # fmt: skip
+    ref_s = timed(
+        lambda: reference.decode(bpe, reference.encode(bpe, held, scale, min_token), scale, min_token, *held.shape[1:])
+    )[0]
     return {
         "rounds": rounds,
         "min_seconds_per_timing": min_seconds,
         "lean_loop_encode_decode": n / float(np.median(wall["lean"])),
         "reference_module_encode_decode": n / ref_s,
-        **{f"{k}_encode_decode" if k in ("fast", "byte_level") else k: n / float(np.median(v))
-           for k, v in wall.items() if k != "lean"},
+        **{
+            f"{k}_encode_decode" if k in ("fast", "byte_level") else k: n / float(np.median(v))
+            for k, v in wall.items()
+            if k != "lean"
+        },
         "speedup_vs_lean_loop": spread(ratio(wall, "fast")),
         "speedup_byte_level_vs_lean_loop": spread(ratio(wall, "byte_level")),
         "cpu_time_speedup_vs_lean_loop": spread(ratio(cpu, "fast")),
         "cpu_time_speedup_byte_level_vs_lean_loop": spread(ratio(cpu, "byte_level")),
         "targets": {"speedup_vs_lean_loop": 20.0, "speedup_byte_level_vs_lean_loop": 5.0},
-        "load_average_1min": {"before": load_before[0], "per_round": [round(x, 2) for x in loads],
-                              "cpu_count": os.cpu_count()},
-    }  # fmt: skip
+        "load_average_1min": {
+            "before": load_before[0],
+            "per_round": [round(x, 2) for x in loads],
+            "cpu_count": os.cpu_count(),
+        },
+    }
 
 
 def wordpiece_alternative(char: at.FASTTokenizer, held: np.ndarray, rounds: int = 3) -> dict:
@@ -127,8 +139,14 @@ def wordpiece_alternative(char: at.FASTTokenizer, held: np.ndarray, rounds: int 
     a chunk's whole string is one word; the unknown token is never needed, as every symbol is in the vocabulary)
     against the longest-match walk, both from the same symbols to id lists, interleaved in ``rounds`` rounds."""
     vocab = char.bpe.get_vocab()
-    wordpiece = Tokenizer(models.WordPiece(vocab, unk_token=min(vocab, key=vocab.get), continuing_subword_prefix="",
-                                           max_input_chars_per_word=held.shape[1] * held.shape[2] + 1))  # fmt: skip
+    wordpiece = Tokenizer(
+        models.WordPiece(
+            vocab,
+            unk_token=min(vocab, key=vocab.get),
+            continuing_subword_prefix="",
+            max_input_chars_per_word=held.shape[1] * held.shape[2] + 1,
+        )
+    )
     symbols = np.clip(flatten(char.coefficients(held) - char.min_token, char.order), 0, char.n_symbols - 1)
     strings = ints_to_strings(symbols)
     before = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -137,8 +155,11 @@ def wordpiece_alternative(char: at.FASTTokenizer, held: np.ndarray, rounds: int 
         os.environ["TOKENIZERS_PARALLELISM"] = "true" if parallel else "false"  # read by the library at each call
         return [e.ids for e in wordpiece.encode_batch_fast(strings, add_special_tokens=False)]
 
-    variants = {"walk": lambda: split_rows(*char._trie.segment(symbols)),
-                "wordpiece_serial": lambda: batch(False), "wordpiece_parallel": lambda: batch(True)}  # fmt: skip
+    variants = {
+        "walk": lambda: split_rows(*char._trie.segment(symbols)),
+        "wordpiece_serial": lambda: batch(False),
+        "wordpiece_parallel": lambda: batch(True),
+    }
     wall: dict[str, list[float]] = {k: [] for k in variants}
     try:
         identical = batch(False) == variants["walk"]() == batch(True)
@@ -151,10 +172,13 @@ def wordpiece_alternative(char: at.FASTTokenizer, held: np.ndarray, rounds: int 
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = before
     n, walk = len(held), np.array(wall["walk"])
-    return {"ids_identical": identical, "rounds": rounds,
-            **{f"{k}_chunks_per_s": n / float(np.median(v)) for k, v in wall.items()},
-            "walk_speedup_vs_wordpiece_serial": float(np.median(np.array(wall["wordpiece_serial"]) / walk)),
-            "walk_speedup_vs_wordpiece_parallel": float(np.median(np.array(wall["wordpiece_parallel"]) / walk))}  # fmt: skip
+    return {
+        "ids_identical": identical,
+        "rounds": rounds,
+        **{f"{k}_chunks_per_s": n / float(np.median(v)) for k, v in wall.items()},
+        "walk_speedup_vs_wordpiece_serial": float(np.median(np.array(wall["wordpiece_serial"]) / walk)),
+        "walk_speedup_vs_wordpiece_parallel": float(np.median(np.array(wall["wordpiece_parallel"]) / walk)),
+    }
 
 
 def lean_loop(bpe, chunks: np.ndarray, scale: float, min_token: int) -> list[np.ndarray]:
@@ -206,9 +230,13 @@ def fsq_large_fit(shape: tuple[int, int], n: int = 8000) -> dict:
         tok = at.FSQTokenizer.fit(train, show_progress=False, **options)
         seconds = time.perf_counter() - start
         report = {k: v for k, v in tok.fit_report.items() if k != "heldout_mse" or np.isfinite(v)}
-        out[label] = {"fit_seconds": seconds, "seconds_per_step": seconds / tok.fit_report["steps"],
-                      "old_default_3000_steps_s": 3000 * seconds / tok.fit_report["steps"], **report,
-                      **quality(tok, held)}  # fmt: skip
+        out[label] = {
+            "fit_seconds": seconds,
+            "seconds_per_step": seconds / tok.fit_report["steps"],
+            "old_default_3000_steps_s": 3000 * seconds / tok.fit_report["steps"],
+            **report,
+            **quality(tok, held),
+        }
         print(label, json.dumps(out[label]), flush=True)
     return out
 
@@ -216,8 +244,8 @@ def fsq_large_fit(shape: tuple[int, int], n: int = 8000) -> dict:
 def load_data(args) -> tuple[np.ndarray, np.ndarray, str]:
     if args.root is None:
         return smooth_chunks(args.n, 10, 7, seed=0), smooth_chunks(args.n, 10, 7, seed=1), "synthetic smooth [10, 7]"
-    from vla.data.reader import split_episodes
     from vla.data.columns import action_chunks
+    from vla.data.reader import split_episodes
     from vla.data.stats import frame_stats
 
     train_eps, held_eps = split_episodes(args.root, heldout=0.2, seed=0)
@@ -235,8 +263,12 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=None, help="a LeRobot dataset instead of synthetic data")
     parser.add_argument("--time-horizon", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=9, help="rounds of interleaved throughput timing")
-    parser.add_argument("--min-seconds", type=float, default=1.0,
-                        help="each timing repeats its variant until this long has passed (per-call mean)")
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=1.0,
+        help="each timing repeats its variant until this long has passed (per-call mean)",
+    )
     parser.add_argument("--throughput-only", action="store_true", help="print the throughput figures, write nothing")
     parser.add_argument("--fsq-shape", type=lambda v: tuple(map(int, v.split(","))), default=None)
     args = parser.parse_args()
@@ -245,8 +277,11 @@ def main() -> None:
         "data": data_name,
         "n_fit": len(train),
         "n_measure": len(held),
-        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "python": platform.python_version()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+        },
     }
 
     # --- throughput: vectorised FAST vs the lean per-chunk loop of the published algorithm ----------------
@@ -262,8 +297,15 @@ def main() -> None:
     start = time.perf_counter()
     fsq = at.FSQTokenizer.fit(train, steps=args.fsq_steps, show_progress=False)
     fsq_fit_s = time.perf_counter() - start
-    toks = {"fast": char, "fast-bytelevel": published, "bin": at.BinningTokenizer.fit(train), "fsq": fsq,
-            "beast": at.BEASTTokenizer.fit(train, n_control_points=max(2, train.shape[1] // 2), degree=min(4, max(2, train.shape[1] // 2) - 1))}  # fmt: skip
+    toks = {
+        "fast": char,
+        "fast-bytelevel": published,
+        "bin": at.BinningTokenizer.fit(train),
+        "fsq": fsq,
+        "beast": at.BEASTTokenizer.fit(
+            train, n_control_points=max(2, train.shape[1] // 2), degree=min(4, max(2, train.shape[1] // 2) - 1)
+        ),
+    }
     results["tokenizers"] = {name: quality(k, held) for name, k in toks.items()}
     results["tokenizers"]["fsq"].update(fit_seconds=fsq_fit_s, fit_report=fsq.fit_report)
     if args.fsq_shape:

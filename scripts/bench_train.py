@@ -37,16 +37,34 @@ DATA = Path("outputs/bench_train")
 # recipe -> (config, dataset folder, `vla data record` arguments)
 RECIPES = {
     "fast": ("fast", "push", ["--episodes", "20"]),
-    "images": ("images", "pixels", ["--episodes", "20", "--observation", "proprio", "--images", "--camera",
-                                    "observation.images.workspace", "--image-size", "64"]),  # fmt: skip
+    "images": (
+        "images",
+        "pixels",
+        [
+            "--episodes",
+            "20",
+            "--observation",
+            "proprio",
+            "--images",
+            "--camera",
+            "observation.images.workspace",
+            "--image-size",
+            "64",
+        ],
+    ),
     "aloha": ("aloha", "aloha", ["--env", "aloha", "--task", "transfer-cube", "--episodes", "6"]),
 }
 LOG_EVERY, WARMUP_STEPS, BATCH = 10, 20, 32
 
 
 def environment(code: Path, threads: int) -> dict[str, str]:
-    return dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=f"{code}:{code / 'tokenizers'}",
-                OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))  # fmt: skip
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=f"{code}:{code / 'tokenizers'}",
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+    )
 
 
 def ensure_datasets(recipes: list[str]) -> dict[str, Path]:
@@ -66,9 +84,22 @@ def ensure_datasets(recipes: list[str]) -> dict[str, Path]:
 def run(code: Path, recipe: str, dataset: Path, threads: int, steps: int, extra: list[str]) -> dict:
     config = RECIPES[recipe][0]
     with tempfile.TemporaryDirectory() as out:
-        args = [sys.executable, "-m", "vla.cli", "train", f"--config_path={code / 'configs' / f'{config}.yaml'}",
-                f"--dataset_root={dataset}", f"--output_dir={out}", f"--steps={steps}", f"--save_every={steps}",
-                f"--log_every={LOG_EVERY}", "--heldout_episodes=0", "--num_workers=0", "--progress=false", *extra]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "vla.cli",
+            "train",
+            f"--config_path={code / 'configs' / f'{config}.yaml'}",
+            f"--dataset_root={dataset}",
+            f"--output_dir={out}",
+            f"--steps={steps}",
+            f"--save_every={steps}",
+            f"--log_every={LOG_EVERY}",
+            "--heldout_episodes=0",
+            "--num_workers=0",
+            "--progress=false",
+            *extra,
+        ]
         load = os.getloadavg()[0]
         done = subprocess.run(args, env=environment(code, threads), capture_output=True, text=True, cwd=code)
         if done.returncode:
@@ -78,8 +109,13 @@ def run(code: Path, recipe: str, dataset: Path, threads: int, steps: int, extra:
     elapsed = {r["step"]: r["step"] * BATCH / r["samples_per_s"] for r in rows}  # seconds since the loop started
     first, last = WARMUP_STEPS, max(elapsed)
     steady = (last - first) * BATCH / (elapsed[last] - elapsed[first])
-    return {"samples_per_s": rate, "steady_samples_per_s": round(steady, 2), "final_loss": rows[-1]["loss"],
-            "losses": [r["loss"] for r in rows], "load_average": round((load + os.getloadavg()[0]) / 2, 2)}  # fmt: skip
+    return {
+        "samples_per_s": rate,
+        "steady_samples_per_s": round(steady, 2),
+        "final_loss": rows[-1]["loss"],
+        "losses": [r["loss"] for r in rows],
+        "load_average": round((load + os.getloadavg()[0]) / 2, 2),
+    }
 
 
 def loss_curves(args) -> None:
@@ -95,25 +131,38 @@ def loss_curves(args) -> None:
 
     dataset = ensure_datasets(["fast"])["fast"]
     extra = ["--policy.preset=micro", f"--policy.scheduler_decay_steps={args.loss_curve_steps}"]
-    curves = {label: run(code.resolve(), "fast", dataset, 1, args.loss_curve_steps, extra)["losses"]
-              for label, code in (("before", args.before), ("after", args.after))}  # fmt: skip
+    curves = {
+        label: run(code.resolve(), "fast", dataset, 1, args.loss_curve_steps, extra)["losses"]
+        for label, code in (("before", args.before), ("after", args.after))
+    }
     steps = [LOG_EVERY * (i + 1) for i in range(len(curves["before"]))]
     gap = [abs(a - b) / a for a, b in zip(curves["before"], curves["after"])]
     stem = args.out.with_name(args.out.stem + "_loss")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for label, style in (("before", "-"), ("after", "--")):
         ax.plot(steps, curves[label], style, label=f"{label} ({args.before if label == 'before' else args.after})")
-    ax.set(xlabel="step", ylabel="training loss (batch of 32)", yscale="log",
-           title=f"micro, configs/fast.yaml: largest relative gap {max(gap):.1e}")  # fmt: skip
+    ax.set(
+        xlabel="step",
+        ylabel="training loss (batch of 32)",
+        yscale="log",
+        title=f"micro, configs/fast.yaml: largest relative gap {max(gap):.1e}",
+    )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=120)
     plt.close(fig)
-    write_json(stem.with_suffix(".json"), {"steps": steps, "losses": curves, "max_relative_gap": max(gap),
-                                           "provenance": provenance(config={"preset": "micro", "recipe": "fast",
-                                                                            "steps": args.loss_curve_steps},
-                                                                    dataset=dataset)})  # fmt: skip
+    write_json(
+        stem.with_suffix(".json"),
+        {
+            "steps": steps,
+            "losses": curves,
+            "max_relative_gap": max(gap),
+            "provenance": provenance(
+                config={"preset": "micro", "recipe": "fast", "steps": args.loss_curve_steps}, dataset=dataset
+            ),
+        },
+    )
     print(f"wrote {stem.with_suffix('.png')}: largest relative gap {max(gap):.2e}")
 
 
@@ -137,9 +186,11 @@ def markdown(record: dict) -> str:
         ref = base.get((r["recipe"], r["threads"]))
         speed = f"{r['steady_samples_per_s'] / ref['steady_samples_per_s']:.2f}x" if ref else ""
         whole = f"{r['samples_per_s'] / ref['samples_per_s']:.2f}x" if ref else ""
-        lines.append(f"| {r['recipe']} | {r['threads']} | {r['code']} | {len(r['runs'])} | "
-                     f"{r['steady_samples_per_s']:.1f} | {r['samples_per_s']:.1f} | {speed} | {whole} | "
-                     f"{r['final_loss']:.4f} |")  # fmt: skip
+        lines.append(
+            f"| {r['recipe']} | {r['threads']} | {r['code']} | {len(r['runs'])} | "
+            f"{r['steady_samples_per_s']:.1f} | {r['samples_per_s']:.1f} | {speed} | {whole} | "
+            f"{r['final_loss']:.4f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -153,8 +204,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compiled", action="store_true", help="also run the new checkout with --compile=true")
-    parser.add_argument("--loss-curve-steps", type=int, default=0,
-                        help="instead: old and new code's loss curves over this many steps (micro preset)")
+    parser.add_argument(
+        "--loss-curve-steps",
+        type=int,
+        default=0,
+        help="instead: old and new code's loss curves over this many steps (micro preset)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     if args.loss_curve_steps:
@@ -179,36 +234,63 @@ def main() -> None:
                 for label, (code, extra) in codes.items():
                     result = run(code, recipe, roots[recipe], n, args.steps, extra)
                     runs.setdefault((recipe, n, label), []).append(result)
-                    print(json.dumps({"recipe": recipe, "threads": n, "code": label,
-                                      **{k: v for k, v in result.items() if k != "losses"}}), flush=True)  # fmt: skip
+                    print(
+                        json.dumps(
+                            {
+                                "recipe": recipe,
+                                "threads": n,
+                                "code": label,
+                                **{k: v for k, v in result.items() if k != "losses"},
+                            }
+                        ),
+                        flush=True,
+                    )
         write(args, recipes, threads, codes, states, runs, repeat + 1)  # every finished round: a complete file
 
 
 def write(args, recipes: list[str], threads: list[int], codes: dict, states: dict, runs: dict, repeats: int) -> None:
-    from vla.io import write_json, atomic_write_text
+    from vla.io import atomic_write_text, write_json
     from vla.provenance import provenance
 
     rows = []
     for (recipe, n, label), results in runs.items():
-        rows.append({
-            "recipe": recipe, "config": f"configs/{RECIPES[recipe][0]}.yaml", "threads": n, "code": label,
-            "steady_samples_per_s": float(np.median([r["steady_samples_per_s"] for r in results])),
-            "samples_per_s": float(np.median([r["samples_per_s"] for r in results])),
-            "final_loss": float(np.median([r["final_loss"] for r in results])),
-            "runs": [{k: v for k, v in r.items() if k != "losses"} for r in results],
-        })  # fmt: skip
+        rows.append(
+            {
+                "recipe": recipe,
+                "config": f"configs/{RECIPES[recipe][0]}.yaml",
+                "threads": n,
+                "code": label,
+                "steady_samples_per_s": float(np.median([r["steady_samples_per_s"] for r in results])),
+                "samples_per_s": float(np.median([r["samples_per_s"] for r in results])),
+                "final_loss": float(np.median([r["final_loss"] for r in results])),
+                "runs": [{k: v for k, v in r.items() if k != "losses"} for r in results],
+            }
+        )
     loads = [r["load_average"] for rs in runs.values() for r in rs]
     commits = {}
     for label, (_, extra) in codes.items():
         commit, dirty = states[label]
-        commits[label] = f"{commit[:12]}{' (uncommitted changes)' if dirty else ''}{' ' + ' '.join(extra) if extra else ''}"
-    meta = {"cpus": os.cpu_count(), "batch_size": BATCH, "steps": args.steps, "repeats": repeats,
-            "warmup_steps": WARMUP_STEPS, "codes": commits, "load_average_min": min(loads),
-            "load_average_max": max(loads),
-            "datasets": {k: {"root": str(DATA / RECIPES[k][1]), "record": RECIPES[k][2]} for k in recipes}}  # fmt: skip
-    record = {"meta": meta, "rows": rows,
-              "provenance": provenance(config={"recipes": recipes, "threads": threads, "steps": args.steps,
-                                               "repeats": repeats, "codes": commits})}  # fmt: skip
+        commits[label] = (
+            f"{commit[:12]}{' (uncommitted changes)' if dirty else ''}{' ' + ' '.join(extra) if extra else ''}"
+        )
+    meta = {
+        "cpus": os.cpu_count(),
+        "batch_size": BATCH,
+        "steps": args.steps,
+        "repeats": repeats,
+        "warmup_steps": WARMUP_STEPS,
+        "codes": commits,
+        "load_average_min": min(loads),
+        "load_average_max": max(loads),
+        "datasets": {k: {"root": str(DATA / RECIPES[k][1]), "record": RECIPES[k][2]} for k in recipes},
+    }
+    record = {
+        "meta": meta,
+        "rows": rows,
+        "provenance": provenance(
+            config={"recipes": recipes, "threads": threads, "steps": args.steps, "repeats": repeats, "codes": commits}
+        ),
+    }
     write_json(args.out, record)
     atomic_write_text(args.out.with_suffix(".md"), markdown(record))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")

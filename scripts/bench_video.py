@@ -46,8 +46,15 @@ def transcode(src: Path, dst: Path) -> float:
     info = dataset_info(src)
     frames = ActionChunkDataset(info, 1, backend="memory", progress=False)  # every PNG decoded once
     keep = {k: ft for k, ft in info.features.items() if k in (OBS_STATE, ACTION, *info.camera_keys)}
-    out = LeRobotDataset.create(f"local/{dst.name}", fps=info.fps, features=stored_features(keep, True), root=dst,
-                                robot_type=info.robot_type, use_videos=True, video_backend="pyav")  # fmt: skip
+    out = LeRobotDataset.create(
+        f"local/{dst.name}",
+        fps=info.fps,
+        features=stored_features(keep, True),
+        root=dst,
+        robot_type=info.robot_type,
+        use_videos=True,
+        video_backend="pyav",
+    )
     episode = frames._frames["episode_index"]
     for i in range(len(frames)):
         sample = frames[i]
@@ -74,8 +81,9 @@ def rate(fn, indices: list, seconds: float) -> tuple[float, int]:
 
 def tiny_policy(root: Path, camera: str, size: int):
     import action_tokenizers as at
-    from vla.data.reader import dataset_info
+
     from vla.data.columns import action_chunks, chunk_states
+    from vla.data.reader import dataset_info
     from vla.policy import VLAConfig, VLAPolicy
 
     info = dataset_info(root)
@@ -83,8 +91,12 @@ def tiny_policy(root: Path, camera: str, size: int):
     action_norm = at.Normalizer.fit(chunks.reshape(-1, info.action_dim))
     tokenizer = at.FASTTokenizer.fit(action_norm.normalize(chunks[::4]), vocab_size=256)
     config = VLAConfig(preset="tiny", image_keys=[camera], image_size=size, device="cpu", init_seed=0)
-    return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=action_norm,
-                     state_normalizer=at.Normalizer.fit(chunk_states(info)))  # fmt: skip
+    return VLAPolicy(
+        config,
+        action_tokenizer=tokenizer,
+        action_normalizer=action_norm,
+        state_normalizer=at.Normalizer.fit(chunk_states(info)),
+    )
 
 
 def measure(root: Path, backend: str, camera: str, size: int, seconds: float, policy) -> dict:
@@ -100,9 +112,16 @@ def measure(root: Path, backend: str, camera: str, size: int, seconds: float, po
     collate = Collate(policy.pipeline.training)
     batches = [order[k : k + BATCH] for k in range(0, len(order) - BATCH, BATCH)]
     per_batch, m = rate(lambda idx: collate([ds[i] for i in idx]), batches, seconds)
-    return {"backend": backend, "construct_s": round(built, 3), "dataset_samples_per_s": round(per_sample, 1),
-            "dataset_ms_per_sample": round(1000 / per_sample, 3), "loader_samples_per_s": round(per_batch * BATCH, 1),
-            "loader_ms_per_batch": round(1000 / per_batch, 1), "samples_timed": n, "batches_timed": m}  # fmt: skip
+    return {
+        "backend": backend,
+        "construct_s": round(built, 3),
+        "dataset_samples_per_s": round(per_sample, 1),
+        "dataset_ms_per_sample": round(1000 / per_sample, 3),
+        "loader_samples_per_s": round(per_batch * BATCH, 1),
+        "loader_ms_per_batch": round(1000 / per_batch, 1),
+        "samples_timed": n,
+        "batches_timed": m,
+    }
 
 
 def folder_bytes(root: Path) -> int:
@@ -139,15 +158,28 @@ def main() -> None:
             rows.append(row)
     video_info = dataset_info(video).features[camera].get("info", {})
     meta = {
-        "dataset": str(args.png), "episodes": info.num_episodes, "frames": info.num_frames, "camera": camera,
-        "camera_size": list(info.camera_shape(camera)), "image_size": size, "time_horizon": 10, "batch_size": BATCH,
-        "policy": "tiny, FAST (vocab 256), image_shift 4", "threads": 1, "workers": 0, "seconds_per_measurement":
-        args.seconds, "png_bytes": folder_bytes(png), "video_bytes": folder_bytes(video),
+        "dataset": str(args.png),
+        "episodes": info.num_episodes,
+        "frames": info.num_frames,
+        "camera": camera,
+        "camera_size": list(info.camera_shape(camera)),
+        "image_size": size,
+        "time_horizon": 10,
+        "batch_size": BATCH,
+        "policy": "tiny, FAST (vocab 256), image_shift 4",
+        "threads": 1,
+        "workers": 0,
+        "seconds_per_measurement": args.seconds,
+        "png_bytes": folder_bytes(png),
+        "video_bytes": folder_bytes(video),
         "video_encoder": {k.removeprefix("video."): v for k, v in video_info.items() if k.startswith("video.")},
-        "video_decoder": "pyav (LeRobot's decode_video_frames)", "transcode_s": transcode_s,
-        "load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
-        "python": platform.python_version(), "torch": torch.__version__,
-    }  # fmt: skip
+        "video_decoder": "pyav (LeRobot's decode_video_frames)",
+        "transcode_s": transcode_s,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -24,7 +24,6 @@ detokenising) for ``tiny`` and ``small``, batch 1, median of ``--decode-reps`` a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import platform
 import sys
@@ -56,8 +55,14 @@ PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
 # Each measured policy: preset, cameras and the VLAConfig fields that differ from the defaults.
 SHAPES: dict[str, dict] = {
     "small": dict(preset="small", image_keys=["observation.images.top"]),
-    "paligemma-3b": dict(preset="paligemma-3b", image_keys=["observation.images.top"], image_size=224,
-                         state_encoding="text", time_horizon=10, n_action_steps=10),  # fmt: skip
+    "paligemma-3b": dict(
+        preset="paligemma-3b",
+        image_keys=["observation.images.top"],
+        image_size=224,
+        state_encoding="text",
+        time_horizon=10,
+        n_action_steps=10,
+    ),
 }
 DECODE_PRESETS = ("tiny", "small")
 STATE_DIM, ACTION_DIM, TIME_HORIZON = 8, 7, 10
@@ -72,7 +77,9 @@ def peak_tflops(device_name: str, override: float | None = None) -> float | None
     return next((peak for key, peak in PEAK_BF16_TFLOPS if key.lower() in device_name.lower()), None)
 
 
-def model_flops_per_sample(decoder_params: int, decoder_tokens: float, vision_params: int, vision_tokens: float) -> float:
+def model_flops_per_sample(
+    decoder_params: int, decoder_tokens: float, vision_params: int, vision_tokens: float
+) -> float:
     """Training FLOPs of one sample: 6 * parameters * tokens, per tower (see the module docstring)."""
     return 6.0 * (decoder_params * decoder_tokens + vision_params * vision_tokens)
 
@@ -85,7 +92,9 @@ def mfu(flops_per_sample: float, samples_per_s: float, peak: float | None) -> fl
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results/gpu_check.json", help="where the results go (JSON)")
-    p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this GPU; default: from its name")
+    p.add_argument(
+        "--peak-tflops", type=float, default=None, help="dense bf16 peak of this GPU; default: from its name"
+    )
     p.add_argument("--shapes", default="small,paligemma-3b", help=f"training shapes, of {', '.join(SHAPES)}")
     p.add_argument("--batch-small", type=int, default=64, help="training batch of the small policy")
     p.add_argument("--batch-3b", type=int, default=8, help="training batch of the 3B shape (per GPU)")
@@ -94,9 +103,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-reps", type=int, default=30, help="timed chunks per decode preset")
     p.add_argument("--decode-warmup", type=int, default=5, help="untimed chunks first")
     p.add_argument("--decode-presets", default=",".join(DECODE_PRESETS), help="presets whose decoding is timed")
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                   help="cpu: a smoke run of the same code (the tests' check; its numbers mean nothing)")
-    p.add_argument("--dry-run", action="store_true", help="no GPU: print the plan and the FLOPs per sample, write nothing")
+    p.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu: a smoke run of the same code (the tests' check; its numbers mean nothing)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="no GPU: print the plan and the FLOPs per sample, write nothing"
+    )
     args = p.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
@@ -115,7 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown --decode-presets {', '.join(unknown)}; choose from {', '.join(PRESETS)}")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
-        p.error(f"--peak-tflops must be positive (dense bf16 TFLOP/s, e.g. 989 for an H100 SXM), got {args.peak_tflops}")
+        p.error(
+            f"--peak-tflops must be positive (dense bf16 TFLOP/s, e.g. 989 for an H100 SXM), got {args.peak_tflops}"
+        )
     args.shapes = shapes
     return args
 
@@ -124,7 +141,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def raw_batch(b: int, image_keys: list[str], image_size: int, seed: int = 0) -> dict:
     """A LeRobot-style batch of ``b`` synthetic samples (smooth chunks, random state and images)."""
     import torch
-
     from action_tokenizers.synthetic import smooth_chunks
 
     g = torch.Generator().manual_seed(seed)
@@ -141,22 +157,33 @@ def raw_batch(b: int, image_keys: list[str], image_size: int, seed: int = 0) -> 
 
 def make_policy(preset: str, image_keys: list[str], device: str = "cpu", **fields):
     """A policy of ``preset`` with random weights, a FAST tokenizer fitted on synthetic chunks, built on ``device``."""
-    import torch
-
     import action_tokenizers as at
+    import torch
     from action_tokenizers.synthetic import smooth_chunks
-    from vla.policy import VLAConfig, VLAPolicy
+
     from vla.model.text import prompt_words
+    from vla.policy import VLAConfig, VLAPolicy
 
     chunks = smooth_chunks(400, TIME_HORIZON, ACTION_DIM, seed=1)
     states = np.random.default_rng(0).standard_normal((400, STATE_DIM))
-    options = dict(preset=preset, image_keys=list(image_keys), time_horizon=TIME_HORIZON, n_action_steps=5, init_seed=0,
-                   text_words=prompt_words(["push the puck to the goal"]), device="cuda" if device == "cuda" else "cpu")
+    options = dict(
+        preset=preset,
+        image_keys=list(image_keys),
+        time_horizon=TIME_HORIZON,
+        n_action_steps=5,
+        init_seed=0,
+        text_words=prompt_words(["push the puck to the goal"]),
+        device="cuda" if device == "cuda" else "cpu",
+    )
     config = VLAConfig(**options | fields)
     tokenizer = at.FASTTokenizer.fit(chunks, vocab_size=1024)
     with torch.device(device):  # random init on the GPU: seconds for 3B parameters, not a minute on the CPU
-        policy = VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=at.Normalizer.fit(chunks),
-                           state_normalizer=at.Normalizer.fit(states))
+        policy = VLAPolicy(
+            config,
+            action_tokenizer=tokenizer,
+            action_normalizer=at.Normalizer.fit(chunks),
+            state_normalizer=at.Normalizer.fit(states),
+        )
     return policy.to(device)
 
 
@@ -178,9 +205,14 @@ def plan(policy, batch_size: int) -> dict:
     decoder, vision = tower_params(policy)
     tokens = float(seq.valid.sum()) / batch_size
     patches = float(policy.model.image_tokens * len(cams))
-    return {"parameters": sum(p.numel() for p in policy.parameters()), "decoder_parameters": decoder,
-            "vision_parameters": vision, "tokens_per_sample": tokens, "patches_per_sample": patches,
-            "flops_per_sample": model_flops_per_sample(decoder, tokens, vision, patches)}  # fmt: skip
+    return {
+        "parameters": sum(p.numel() for p in policy.parameters()),
+        "decoder_parameters": decoder,
+        "vision_parameters": vision,
+        "tokens_per_sample": tokens,
+        "patches_per_sample": patches,
+        "flops_per_sample": model_flops_per_sample(decoder, tokens, vision, patches),
+    }
 
 
 # --- measurements --------------------------------------------------------------------------------------------------
@@ -226,9 +258,14 @@ def train_throughput(name: str, batch_size: int, args, peak: float | None) -> di
     seconds = time.perf_counter() - start
     sps = batch_size * args.steps / seconds
     memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-    row |= {"samples_per_s": sps, "step_ms": 1000 * seconds / args.steps, "final_loss": float(loss),
-            "peak_memory_gib": memory, "mfu": mfu(row["flops_per_sample"], sps, peak)}  # fmt: skip
-    del policy, optimizer, batch
+    row |= {
+        "samples_per_s": sps,
+        "step_ms": 1000 * seconds / args.steps,
+        "final_loss": float(loss),
+        "peak_memory_gib": memory,
+        "mfu": mfu(row["flops_per_sample"], sps, peak),
+    }
+    policy = optimizer = batch = None  # freed before the next shape (the closure above held them)
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -250,9 +287,14 @@ def decode_latency(preset: str, args) -> dict:
             synchronize(args.device)
             if i >= args.decode_warmup:  # after the warm-up: kernels chosen and cached
                 times.append(1000 * (time.perf_counter() - start))
-    return {"preset": preset, "batch_size": 1, "ms_per_chunk_p50": float(np.median(times)),
-            "ms_per_chunk_p90": float(np.percentile(times, 90)), "chunk_shape": list(chunk.shape),
-            "decode_stats": policy.decode_stats.as_dict()}  # fmt: skip
+    return {
+        "preset": preset,
+        "batch_size": 1,
+        "ms_per_chunk_p50": float(np.median(times)),
+        "ms_per_chunk_p90": float(np.percentile(times, 90)),
+        "chunk_shape": list(chunk.shape),
+        "decode_stats": policy.decode_stats.as_dict(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,14 +310,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"would write {args.out}; MFU against {peak} TFLOP/s on an H100 (the device's name decides on a GPU)")
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_check: error: no CUDA GPU is visible (torch.cuda.is_available() is False); run it on a machine "
-              "with an NVIDIA GPU and a CUDA build of torch, or use --dry-run to check the plan here", file=sys.stderr)
+        print(
+            "gpu_check: error: no CUDA GPU is visible (torch.cuda.is_available() is False); run it on a machine "
+            "with an NVIDIA GPU and a CUDA build of torch, or use --dry-run to check the plan here",
+            file=sys.stderr,
+        )
         return 2
     name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({platform.processor() or 'unknown'})"
     peak = peak_tflops(name, args.peak_tflops)
     if peak is None:
-        print(f"gpu_check: the peak table lacks {name!r}: MFU is left out; pass --peak-tflops (dense bf16)",
-              file=sys.stderr)
+        print(
+            f"gpu_check: the peak table lacks {name!r}: MFU is left out; pass --peak-tflops (dense bf16)",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     train = []
     for shape in args.shapes:
@@ -285,10 +332,20 @@ def main(argv: list[str] | None = None) -> int:
     decode = [decode_latency(preset, args) for preset in args.decode_presets]
     for row in decode:
         print(json.dumps(row), flush=True)
-    out = {"device": name, "peak_bf16_tflops": peak, "torch": torch.__version__, "cuda": torch.version.cuda,
-           "python": platform.python_version(), "warmup_steps": args.warmup, "timed_steps": args.steps,
-           "decode_warmup": args.decode_warmup, "decode_reps": args.decode_reps,
-           "train": train, "decode": decode, "seconds": time.perf_counter() - started}  # fmt: skip
+    out = {
+        "device": name,
+        "peak_bf16_tflops": peak,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "warmup_steps": args.warmup,
+        "timed_steps": args.steps,
+        "decode_warmup": args.decode_warmup,
+        "decode_reps": args.decode_reps,
+        "train": train,
+        "decode": decode,
+        "seconds": time.perf_counter() - started,
+    }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     from vla.io import atomic_write_text

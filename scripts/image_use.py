@@ -21,9 +21,9 @@ import torch
 
 from vla.data.torch_dataset import ActionChunkDataset
 from vla.io import atomic_write_text
-from vla.provenance import provenance
-from vla.policy.pipeline import IMAGES, run
 from vla.policy import VLAPolicy
+from vla.policy.pipeline import IMAGES, run
+from vla.provenance import provenance
 
 
 def measure(policy: VLAPolicy, dataset: str | Path, starts: int = 40, batch: int = 32) -> dict:
@@ -31,8 +31,9 @@ def measure(policy: VLAPolicy, dataset: str | Path, starts: int = 40, batch: int
     if not config.image_keys:
         raise SystemExit("the policy reads no camera (image_keys is empty); nothing to measure")
     keys = list(config.image_keys)
-    ds = ActionChunkDataset(dataset, config.time_horizon, image_keys=keys, backend="memory",
-                            obs_steps=config.n_obs_steps, progress=False)  # fmt: skip
+    ds = ActionChunkDataset(
+        dataset, config.time_horizon, image_keys=keys, backend="memory", obs_steps=config.n_obs_steps, progress=False
+    )
     rows = np.linspace(0, len(ds) - 1, batch).round().astype(int)
     samples = torch.utils.data.default_collate([ds[int(i)] for i in rows])
     torch.manual_seed(0)

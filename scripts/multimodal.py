@@ -47,8 +47,11 @@ from lerobot.utils.constants import OBS_STATE  # noqa: E402
 from vla.data import columns, reader  # noqa: E402
 from vla.io import atomic_write_text  # noqa: E402
 from vla.regression import RegressionConfig, RegressionPolicy, hidden_for, train_regression  # noqa: E402
-from vla.sim import EVAL_SEED_START, make_env  # noqa: E402
-from vla.sim import toy_env  # noqa: E402
+from vla.sim import (  # noqa: E402
+    EVAL_SEED_START,
+    make_env,
+    toy_env,  # noqa: E402
+)
 from vla.sim.rollout import run_episodes  # noqa: E402
 
 ENV = "toy/obstacle"
@@ -94,8 +97,15 @@ def rollouts(batch_policy, episodes: int, n_action_steps: int) -> list[dict[str,
     out = []
     for seed in seeds:
         positions = np.asarray(log[seed]["positions"])
-        out.append({"seed": seed, "outcome": log[seed]["outcome"], "side": toy_env.side_of(positions),
-                    "length": len(positions) - 1, "positions": positions})  # fmt: skip
+        out.append(
+            {
+                "seed": seed,
+                "outcome": log[seed]["outcome"],
+                "side": toy_env.side_of(positions),
+                "length": len(positions) - 1,
+                "positions": positions,
+            }
+        )
     return out
 
 
@@ -107,8 +117,14 @@ def demonstrations(root: Path) -> list[dict[str, Any]]:
     out = []
     for start, end in zip(bounds[:-1], bounds[1:]):
         positions = states[start:end, :2]
-        out.append({"outcome": "success", "side": toy_env.side_of(positions), "length": int(end - start),
-                    "positions": positions})  # fmt: skip
+        out.append(
+            {
+                "outcome": "success",
+                "side": toy_env.side_of(positions),
+                "length": int(end - start),
+                "positions": positions,
+            }
+        )
     return out
 
 
@@ -131,17 +147,28 @@ def summary(episodes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def used_parameters(policy) -> int:
     """Parameters that run on a state-only task: everything but the vision tower and its projector."""
-    return sum(p.numel() for name, p in policy.named_parameters()
-               if "vision" not in name and "multi_modal_projector" not in name)  # fmt: skip
+    return sum(
+        p.numel()
+        for name, p in policy.named_parameters()
+        if "vision" not in name and "multi_modal_projector" not in name
+    )
 
 
 def train_tokenized(dataset: Path, run: Path, steps: int) -> tuple[Path, float]:
     from vla.config import load_config
     from vla.train import main
 
-    cfg = load_config(CONFIG, [f"--dataset_root={dataset}", f"--output_dir={run}", f"--steps={steps}",
-                               f"--policy.scheduler_decay_steps={steps}", f"--save_every={steps}",
-                               "--overwrite=true"])  # fmt: skip
+    cfg = load_config(
+        CONFIG,
+        [
+            f"--dataset_root={dataset}",
+            f"--output_dir={run}",
+            f"--steps={steps}",
+            f"--policy.scheduler_decay_steps={steps}",
+            f"--save_every={steps}",
+            "--overwrite=true",
+        ],
+    )
     result = main(cfg)
     return Path(result["policy_path"]), float(result["train_seconds"])
 
@@ -157,14 +184,19 @@ def plot(panels: list[tuple[str, list[dict[str, Any]]]], out: Path) -> None:
             if e["outcome"] != "success":
                 ax.plot(p[-1, 0], p[-1, 1], "x", color="k" if e["outcome"] == "collision" else "tab:purple", ms=5)
         s = summary(episodes)
-        ax.set_title(f"{title}\nL {s['sides']['left']} / R {s['sides']['right']} / none {s['sides']['none']}, "
-                     f"success {s['success_rate']:.0%}", fontsize=9)  # fmt: skip
+        ax.set_title(
+            f"{title}\nL {s['sides']['left']} / R {s['sides']['right']} / none {s['sides']['none']}, "
+            f"success {s['success_rate']:.0%}",
+            fontsize=9,
+        )
         ax.set_xlim(-1, 1)
         ax.set_ylim(-1, 1)
         ax.set_aspect("equal")
         ax.tick_params(labelsize=7)
-    fig.suptitle(f"toy/obstacle: first {PLOTTED} episodes per panel (blue left, orange right, red neither; "
-                 "x = collision)", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"toy/obstacle: first {PLOTTED} episodes per panel (blue left, orange right, red neither; x = collision)",
+        fontsize=9,
+    )
     fig.tight_layout()
     tmp = out.with_name(f".{out.name}.tmp.png")
     fig.savefig(tmp, dpi=120)
@@ -173,13 +205,17 @@ def plot(panels: list[tuple[str, list[dict[str, Any]]]], out: Path) -> None:
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
-    lines = ["| policy | success | collision | stall | left / right / none | left share (went around) | mean length |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| policy | success | collision | stall | left / right / none | left share (went around) | mean length |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, s in rows.items():
         share = "n/a" if s["left_share"] is None else f"{s['left_share']:.0%}"
-        lines.append(f"| {name} | {s['success_rate']:.0%} | {s['collision_rate']:.0%} | {s['stall_rate']:.0%} | "
-                     f"{s['sides']['left']} / {s['sides']['right']} / {s['sides']['none']} | {share} | "
-                     f"{s['mean_length']:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {s['success_rate']:.0%} | {s['collision_rate']:.0%} | {s['stall_rate']:.0%} | "
+            f"{s['sides']['left']} / {s['sides']['right']} / {s['sides']['none']} | {share} | "
+            f"{s['mean_length']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -193,8 +229,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the rollouts")
     parser.add_argument("--tokenized-policy", default=None, help="a policy folder vla train wrote; skips training it")
     args = parser.parse_args()
-    from vla.policy import VLAPolicy
     from vla.evaluate import ChunkPolicy
+    from vla.policy import VLAPolicy
     from vla.sim.record import record
 
     started = time.perf_counter()
@@ -218,8 +254,9 @@ def main() -> None:
     t = time.perf_counter()
     info = reader.dataset_info(dataset)
     shape = dict(state_dim=info.state_dim, action_dim=info.action_dim, time_horizon=c.time_horizon)
-    reg_config = RegressionConfig(**shape, n_action_steps=c.n_action_steps,
-                                  hidden=hidden_for(tokenized_params, **shape))  # fmt: skip
+    reg_config = RegressionConfig(
+        **shape, n_action_steps=c.n_action_steps, hidden=hidden_for(tokenized_params, **shape)
+    )
     regression, reg_losses = train_regression(dataset, reg_config, steps=args.steps, batch_size=32, seed=0)
     regression.save_pretrained(work / "regression")
     regression = RegressionPolicy.from_pretrained(work / "regression")  # what was saved is what runs
@@ -247,26 +284,40 @@ def main() -> None:
         "eval_seed_start": EVAL_SEED_START,
         "eval_episodes": args.eval_episodes,
         "steps": args.steps,
-        "tokenized": {"config": CONFIG, "policy": str(policy_path), "tokenizer": policy.action_tokenizer.name,
-                      "preset": c.preset, "parameters_used": tokenized_params,
-                      "parameters_all": sum(p.numel() for p in policy.parameters()),
-                      "time_horizon": c.time_horizon, "n_action_steps": c.n_action_steps, "top_p": c.top_p},  # fmt: skip
-        "regression": {**dataclasses.asdict(reg_config), "parameters": reg_config.parameters(),
-                       "final_loss": float(np.mean(reg_losses[-50:]))},  # fmt: skip
+        "tokenized": {
+            "config": CONFIG,
+            "policy": str(policy_path),
+            "tokenizer": policy.action_tokenizer.name,
+            "preset": c.preset,
+            "parameters_used": tokenized_params,
+            "parameters_all": sum(p.numel() for p in policy.parameters()),
+            "time_horizon": c.time_horizon,
+            "n_action_steps": c.n_action_steps,
+            "top_p": c.top_p,
+        },
+        "regression": {
+            **dataclasses.asdict(reg_config),
+            "parameters": reg_config.parameters(),
+            "final_loss": float(np.mean(reg_losses[-50:])),
+        },
         "results": rows,
         "seconds": {k: None if v is None else round(v, 1) for k, v in times.items()},
         "threads": torch.get_num_threads(),
     }
     atomic_write_text(out / "multimodal.json", json.dumps(report, indent=2) + "\n")
-    header = (f"{ENV}: {rec['episodes']} demonstrations (expert LEFT or RIGHT 50/50), {args.eval_episodes} evaluation "
-              f"episodes per policy; tokenized = {CONFIG} ({c.preset}, {policy.action_tokenizer.name}, "
-              f"{tokenized_params:,} parameters used), regression = MLP {reg_config.layers} x {reg_config.hidden} "
-              f"({reg_config.parameters():,} parameters), MSE; {args.steps} steps x 32 each\n\n")  # fmt: skip
+    header = (
+        f"{ENV}: {rec['episodes']} demonstrations (expert LEFT or RIGHT 50/50), {args.eval_episodes} evaluation "
+        f"episodes per policy; tokenized = {CONFIG} ({c.preset}, {policy.action_tokenizer.name}, "
+        f"{tokenized_params:,} parameters used), regression = MLP {reg_config.layers} x {reg_config.hidden} "
+        f"({reg_config.parameters():,} parameters), MSE; {args.steps} steps x 32 each\n\n"
+    )
     atomic_write_text(out / "multimodal.md", header + table(rows))
     plot(panels, out / "trajectories.png")
     print(header + table(rows))
-    print(f"wrote {out / 'multimodal.json'}, {out / 'multimodal.md'}, {out / 'trajectories.png'} "
-          f"in {times['total_s']:.0f} s")  # fmt: skip
+    print(
+        f"wrote {out / 'multimodal.json'}, {out / 'multimodal.md'}, {out / 'trajectories.png'} "
+        f"in {times['total_s']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

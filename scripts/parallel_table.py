@@ -26,13 +26,22 @@ def run_row(run: Path) -> dict | None:
         return None
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     last = rows[-1]
-    row = {"steps": last["step"], "final_loss": last["loss"], "final_accuracy": last["accuracy"],
-           "tokens_per_chunk": last.get("tokens_per_chunk")}  # fmt: skip
+    row = {
+        "steps": last["step"],
+        "final_loss": last["loss"],
+        "final_accuracy": last["accuracy"],
+        "tokens_per_chunk": last.get("tokens_per_chunk"),
+    }
     info = run / "eval" / "eval_info.json"
     if info.is_file():
         e = json.loads(info.read_text())
-        row.update(success_rate=e["success_rate"], episodes=e["episodes"], latency_ms_mean=e["latency_ms_mean"],
-                   latency_ms_p95=e["latency_ms_p95"], valid_chunk_rate=e["valid_chunk_rate"])  # fmt: skip
+        row.update(
+            success_rate=e["success_rate"],
+            episodes=e["episodes"],
+            latency_ms_mean=e["latency_ms_mean"],
+            latency_ms_p95=e["latency_ms_p95"],
+            valid_chunk_rate=e["valid_chunk_rate"],
+        )
     return row
 
 
@@ -45,24 +54,35 @@ def bench_rows(path: Path | None) -> list[dict]:
 
 
 def table(runs: list[dict], bench: list[dict]) -> str:
-    lines = ["| tokenizer | decoding | ids/chunk | steps | final loss | action-id accuracy | success | "
-             "eval latency ms (mean / p95) | valid chunks |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| tokenizer | decoding | ids/chunk | steps | final loss | action-id accuracy | success | "
+        "eval latency ms (mean / p95) | valid chunks |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     # accuracy: autoregressive = teacher-forced next-token accuracy; parallel = every slot at once (what it decodes)
     for r in runs:
         success = f"{r['success_rate']:.0%} ({r['episodes']} ep)" if "success_rate" in r else "not run"
         latency = f"{r['latency_ms_mean']:.1f} / {r['latency_ms_p95']:.1f}" if "latency_ms_mean" in r else "-"
         valid = f"{r['valid_chunk_rate']:.1%}" if "valid_chunk_rate" in r else "-"
-        lines.append(f"| {r['tokenizer']} | {r['decoding']} | {r['tokens_per_chunk']:.0f} | {r['steps']} | "
-                     f"{r['final_loss']:.3f} | {r['final_accuracy']:.1%} | {success} | {latency} | {valid} |")
+        lines.append(
+            f"| {r['tokenizer']} | {r['decoding']} | {r['tokens_per_chunk']:.0f} | {r['steps']} | "
+            f"{r['final_loss']:.3f} | {r['final_accuracy']:.1%} | {success} | {latency} | {valid} |"
+        )
     if bench:
-        lines += ["", "Decode latency, random weights, batch 1 (`scripts/bench_decode.py --decoders lean parallel`):",
-                  "", "| preset | tokenizer | decoding | ids/chunk | forward passes | latency ms (p50 / p95) |",
-                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "Decode latency, random weights, batch 1 (`scripts/bench_decode.py --decoders lean parallel`):",
+            "",
+            "| preset | tokenizer | decoding | ids/chunk | forward passes | latency ms (p50 / p95) |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for b in bench:
             name = "parallel" if b["decoder"] == "parallel" else "autoregressive (lean)"
-            lines.append(f"| {b['preset']} | {b['tokenizer']} | {name} | {b['tokens_per_chunk']:.0f} | "
-                         f"{b['decode_steps']} | "
-                         f"{b['latency_ms_p50']:.2f} / {b['latency_ms_p95']:.2f} |")  # fmt: skip
+            lines.append(
+                f"| {b['preset']} | {b['tokenizer']} | {name} | {b['tokens_per_chunk']:.0f} | "
+                f"{b['decode_steps']} | "
+                f"{b['latency_ms_p50']:.2f} / {b['latency_ms_p95']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -80,8 +100,10 @@ def plot(runs: list[dict], bench: list[dict], out: Path) -> None:
     x = np.arange(len(toks))
     for ax, (key, title) in zip(axes, panels):
         for k, (short, label) in enumerate(DECODINGS.items()):
-            values = [next((r.get(key, np.nan) for r in runs if r["tokenizer"] == t and r["decoding"] == label),
-                           np.nan) for t in toks]  # fmt: skip
+            values = [
+                next((r.get(key, np.nan) for r in runs if r["tokenizer"] == t and r["decoding"] == label), np.nan)
+                for t in toks
+            ]
             ax.bar(x + (k - 0.5) * 0.38, values, 0.38, label=label)
         ax.set_xticks(x, toks)
         ax.set_title(title, fontsize=10)
@@ -91,9 +113,17 @@ def plot(runs: list[dict], bench: list[dict], out: Path) -> None:
         labels = list(dict.fromkeys(f"{b['preset']}/{b['tokenizer']}" for b in bench))
         xb = np.arange(len(labels))
         for k, decoder in enumerate(("lean", "parallel")):
-            values = [next((b["latency_ms_p50"] for b in bench
-                            if f"{b['preset']}/{b['tokenizer']}" == lab and b["decoder"] == decoder), np.nan)
-                      for lab in labels]  # fmt: skip
+            values = [
+                next(
+                    (
+                        b["latency_ms_p50"]
+                        for b in bench
+                        if f"{b['preset']}/{b['tokenizer']}" == lab and b["decoder"] == decoder
+                    ),
+                    np.nan,
+                )
+                for lab in labels
+            ]
             ax.bar(xb + (k - 0.5) * 0.38, values, 0.38, label="autoregressive" if decoder == "lean" else "parallel")
         ax.set_xticks(xb, labels, rotation=30, fontsize=8)
         ax.set_yscale("log")
@@ -120,8 +150,10 @@ def main() -> None:
     bench = bench_rows(args.bench)
     from vla.io import atomic_write_text
 
-    atomic_write_text(args.out / "parallel.json", json.dumps({"settings": args.settings, "runs": runs,
-                                                              "bench": bench}, indent=2) + "\n")  # fmt: skip
+    atomic_write_text(
+        args.out / "parallel.json",
+        json.dumps({"settings": args.settings, "runs": runs, "bench": bench}, indent=2) + "\n",
+    )
     atomic_write_text(args.out / "parallel.md", (args.settings + "\n\n" if args.settings else "") + table(runs, bench))
     plot(runs, bench, args.out / "parallel.png")
     print(table(runs, bench))

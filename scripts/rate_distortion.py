@@ -25,14 +25,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import action_tokenizers as at  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-
-import action_tokenizers as at  # noqa: E402
 from action_tokenizers import reference  # noqa: E402
 from action_tokenizers.coefficients import flatten, ints_to_strings  # noqa: E402
-from vla.data.reader import dataset_info, split_episodes  # noqa: E402
+
 from vla.data.columns import action_chunks
+from vla.data.reader import dataset_info, split_episodes  # noqa: E402
 from vla.data.stats import frame_stats  # noqa: E402
 
 SCALES = [2.0, 3.0, 5.0, 7.0, 10.0, 14.0, 20.0, 28.0, 40.0]
@@ -62,8 +62,14 @@ def load(root: Path, time_horizon: int | None) -> tuple[np.ndarray, np.ndarray, 
     norm = at.Normalizer.from_stats(frame_stats(root, ["action"], episodes=train_eps)["action"], "quantile")
     train = norm.normalize(action_chunks(root, t, episodes=train_eps)[0])
     held = norm.normalize(action_chunks(root, t, episodes=held_eps)[0])
-    meta = {"fps": float(info.fps), "episodes": int(info.num_episodes), "train_episodes": len(train_eps),
-            "heldout_episodes": len(held_eps), "train_chunks": len(train), "heldout_chunks": len(held)}  # fmt: skip
+    meta = {
+        "fps": float(info.fps),
+        "episodes": int(info.num_episodes),
+        "train_episodes": len(train_eps),
+        "heldout_episodes": len(held_eps),
+        "train_chunks": len(train),
+        "heldout_chunks": len(held),
+    }
     return train, held, t, meta
 
 
@@ -114,18 +120,26 @@ def run_dataset(name: str, root: Path, time_horizon: int | None) -> dict:
                 sample = held[:: max(1, len(held) // 500)]
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    same = np.mean([a == b for a, b in zip(tok.encode(sample), reference.encode(bpe, sample, scale, min_token))])
+                    same = np.mean(
+                        [a == b for a, b in zip(tok.encode(sample), reference.encode(bpe, sample, scale, min_token))]
+                    )
                 meta["published_ids_equal_reference_loop"] = float(same)
         print(f"  {label}: done", flush=True)
     both = np.logical_and.reduce([p[5] for p in raw[PUBLISHED]])  # chunks the published decodes at every scale
     curves: dict[str, list[dict]] = {}
     for label, points in raw.items():
         curves[label] = [
-            {"scale": s, "vocab_size": v, "fit_s": round(f, 2), "tokens": float(n[both].mean()),
-             "rmse": float(np.sqrt(sq[both].sum() / (both.sum() * t * d))), "valid_rate": float(ok.mean()),
-             "tokens_replaying_merges": float(m[both].mean())}
+            {
+                "scale": s,
+                "vocab_size": v,
+                "fit_s": round(f, 2),
+                "tokens": float(n[both].mean()),
+                "rmse": float(np.sqrt(sq[both].sum() / (both.sum() * t * d))),
+                "valid_rate": float(ok.mean()),
+                "tokens_replaying_merges": float(m[both].mean()),
+            }
             for s, v, f, n, sq, ok, m in points
-        ]  # fmt: skip
+        ]
     curves[MERGES] = [{**p, "tokens": p["tokens_replaying_merges"]} for p in curves[DEFAULT]]
     curves[PREVIOUS] = [{**p, "tokens": p["tokens_replaying_merges"]} for p in curves[FREQUENCY]]
     curves["BEAST (256 bins)"] = []
@@ -134,9 +148,14 @@ def run_dataset(name: str, root: Path, time_horizon: int | None) -> dict:
             continue
         tok = at.BEASTTokenizer.fit(train, n_control_points=n_cp, degree=min(4, n_cp - 1))
         n, sq, ok, _ = measure(tok, held)
-        curves["BEAST (256 bins)"].append({"n_control_points": n_cp, "tokens": float(n[both].mean()),
-                                           "rmse": float(np.sqrt(sq[both].sum() / (both.sum() * t * d))),
-                                           "valid_rate": float(ok.mean())})  # fmt: skip
+        curves["BEAST (256 bins)"].append(
+            {
+                "n_control_points": n_cp,
+                "tokens": float(n[both].mean()),
+                "rmse": float(np.sqrt(sq[both].sum() / (both.sum() * t * d))),
+                "valid_rate": float(ok.mean()),
+            }
+        )
     published = {p["scale"]: p for p in curves[PUBLISHED]}
     comparison = {}
     for label, curve in curves.items():
@@ -147,11 +166,20 @@ def run_dataset(name: str, root: Path, time_horizon: int | None) -> dict:
             p = published[s]
             ours = tokens_at(curve, p["rmse"])
             envelope = tokens_at(curves[PUBLISHED], p["rmse"])
-            row[f"scale {s:g}"] = {"published_tokens": p["tokens"], "rmse": p["rmse"], "tokens": ours,
-                                   "ratio": ours / p["tokens"], "ratio_vs_published_front": ours / envelope}  # fmt: skip
+            row[f"scale {s:g}"] = {
+                "published_tokens": p["tokens"],
+                "rmse": p["rmse"],
+                "tokens": ours,
+                "ratio": ours / p["tokens"],
+                "ratio_vs_published_front": ours / envelope,
+            }
         comparison[label] = row
-    meta.update(time_horizon=t, action_dim=d, heldout_chunks_compared=int(both.sum()),
-                heldout_chunks_published_cannot_decode=int((~both).sum()))  # fmt: skip
+    meta.update(
+        time_horizon=t,
+        action_dim=d,
+        heldout_chunks_compared=int(both.sum()),
+        heldout_chunks_published_cannot_decode=int((~both).sum()),
+    )
     return {"dataset": str(root), **meta, "curves": curves, "equal_rmse": comparison}
 
 

@@ -17,9 +17,9 @@ import argparse
 import json
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 
-import action_tokenizers as at
 from vla.compare import load_split
 from vla.io import atomic_write_text
 from vla.provenance import provenance
@@ -65,25 +65,41 @@ def main() -> None:
                 row = spelling(split.train, size)
             except ValueError as err:  # an alphabet wider than the vocabulary
                 row = {"vocab_size": size, "refused": str(err).split(";")[0]}
-            rows.append({"dataset": name, "chunks": len(split.train), "time_horizon": split.time_horizon,
-                         "action_dim": int(split.train.shape[2]), "asked": size, "auto": size == auto.vocab_size,
-                         **row})
+            rows.append(
+                {
+                    "dataset": name,
+                    "chunks": len(split.train),
+                    "time_horizon": split.time_horizon,
+                    "action_dim": int(split.train.shape[2]),
+                    "asked": size,
+                    "auto": size == auto.vocab_size,
+                    **row,
+                }
+            )
             print(rows[-1])
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"rows": rows, "rare_below": RARE, "provenance": provenance(config=vars(args) | {"out": str(args.out)})}
     atomic_write_text(args.out / "vocab_stats.json", json.dumps(record, indent=2, default=str) + "\n")
-    lines = ["# How FAST's vocabulary spells each dataset (`scripts/vocab_stats.py`)", "",
-             "| dataset | chunks | T x D | vocabulary | ids per chunk | ids per chunk per dim | used ids | "
-             f"median id count | share of rare ids (< {RARE}) |", "| --- |" + " --- |" * 8]
+    lines = [
+        "# How FAST's vocabulary spells each dataset (`scripts/vocab_stats.py`)",
+        "",
+        "| dataset | chunks | T x D | vocabulary | ids per chunk | ids per chunk per dim | used ids | "
+        f"median id count | share of rare ids (< {RARE}) |",
+        "| --- |" + " --- |" * 8,
+    ]
     for r in rows:
         shape = f"{r['time_horizon']} x {r['action_dim']}"
         if "refused" in r:
-            lines.append(f"| {r['dataset']} | {r['chunks']} | {shape} | {r['asked']} | refused: {r['refused']} | | | | |")
+            lines.append(
+                f"| {r['dataset']} | {r['chunks']} | {shape} | {r['asked']} | refused: {r['refused']} | | | | |"
+            )
             continue
         size = f"**{r['vocab_size']}** (auto)" if r["auto"] else str(r["vocab_size"])
-        lines.append(f"| {r['dataset']} | {r['chunks']} | {shape} | {size} | {r['ids_per_chunk']:.1f} | "
-                     f"{r['ids_per_chunk_per_dim']:.2f} | {r['used_ids']} | {r['median_id_count']:.0f} | "
-                     f"{r['rare_share']:.1%} |")
+        lines.append(
+            f"| {r['dataset']} | {r['chunks']} | {shape} | {size} | {r['ids_per_chunk']:.1f} | "
+            f"{r['ids_per_chunk_per_dim']:.2f} | {r['used_ids']} | {r['median_id_count']:.0f} | "
+            f"{r['rare_share']:.1%} |"
+        )
     atomic_write_text(args.out / "README.md", "\n".join(lines) + "\n")
 
 

@@ -22,6 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach t
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+
 def assert_plot(path: Path, min_width: int = 300, min_height: int = 200, coloured: bool = True) -> None:
     """``path`` is a drawn plot: a PNG at least ``min_width`` x ``min_height`` pixels, neither blank nor one fill, with
     coloured pixels (data series: axes, ticks and text are grey or black, so a figure of empty axes fails); a grey
@@ -64,8 +65,15 @@ def tiny_image_dataset_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vla.sim.record import record
 
     root = tmp_path_factory.mktemp("datasets") / "push_tiny_images"
-    record("metaworld/push-v3", TINY_IMAGE_EPISODES, root, images=True, image_size=TINY_IMAGE_SIZE, image_format="png",
-           progress=False)  # fmt: skip
+    record(
+        "metaworld/push-v3",
+        TINY_IMAGE_EPISODES,
+        root,
+        images=True,
+        image_size=TINY_IMAGE_SIZE,
+        image_format="png",
+        progress=False,
+    )
     return root
 
 
@@ -84,12 +92,11 @@ def one_torch_thread():
 T, D = 10, 3  # small chunks keep every test fast
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fitted_tokenizers() -> dict:
     """One small tokenizer of each kind, fitted on synthetic chunks ``[N, T, D]`` (shared by the vla tests)."""
-    import torch
-
     import action_tokenizers as at
+    import torch
     from action_tokenizers.synthetic import smooth_chunks
 
     chunks = smooth_chunks(600, T, D, seed=0)

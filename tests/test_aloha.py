@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import assert_plot
 from vla.sim import EVAL_SEED_START, make_env, make_expert, split_name
 from vla.sim.aloha_env import (
     JOINT_NAMES,
@@ -21,7 +22,6 @@ from vla.sim.aloha_env import (
     unnormalize_gripper,
 )
 from vla.sim.rollout import run_episode
-from tests.conftest import assert_plot
 
 CUBE, INSERTION = "aloha/transfer-cube", "aloha/insertion"
 TOP = "observation.images.top"
@@ -165,11 +165,25 @@ def test_the_closed_loop_table_reads_every_listed_run(tmp_path):
     """scripts/aloha_table.py on the committed results: one row per run in runs.json, each figure from its evaluation."""
     repo = Path(__file__).parents[1]
     runs = json.loads((repo / "results/aloha/runs.json").read_text())["runs"]
-    done = subprocess.run([sys.executable, str(repo / "scripts/aloha_table.py"), "--out", str(tmp_path),
-                           "--runs", str(repo / "results/aloha/runs.json")], capture_output=True, text=True, cwd=repo)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(repo / "scripts/aloha_table.py"),
+            "--out",
+            str(tmp_path),
+            "--runs",
+            str(repo / "results/aloha/runs.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
     assert done.returncode == 0, done.stderr
-    rows = [line for line in (tmp_path / "closed_loop.md").read_text().splitlines() if line.startswith("| ") and
-            not line.startswith("| task") and not line.startswith("| ---")]  # fmt: skip
+    rows = [
+        line
+        for line in (tmp_path / "closed_loop.md").read_text().splitlines()
+        if line.startswith("| ") and not line.startswith("| task") and not line.startswith("| ---")
+    ]
     assert len(rows) == len(runs)
     for run, row in zip(runs, rows):
         info = run["evaluation"]

@@ -12,8 +12,16 @@ from vla import cli
 def test_either_spelling_of_a_flag_reaches_the_command():
     options = ["--time-horizon", "--dataset_root", "--out"]
     argv = ["compare", "--time_horizon=3", "--dataset-root", "d", "--out", "o", "--tokenizers", "--x_y"]
-    assert cli.one_spelling(argv, options) == ["compare", "--time-horizon=3", "--dataset_root", "d", "--out", "o",
-                                               "--tokenizers", "--x_y"]
+    assert cli.one_spelling(argv, options) == [
+        "compare",
+        "--time-horizon=3",
+        "--dataset_root",
+        "d",
+        "--out",
+        "o",
+        "--tokenizers",
+        "--x_y",
+    ]
     parser = cli.build_parser(["compare"])
     assert "--time-horizon" in cli.command_options(parser, ["compare", "--root", "x"])
     assert "--json" in cli.command_options(cli.build_parser(["data"]), ["data", "info", "x"])

@@ -4,13 +4,22 @@ import math
 import numpy as np
 import pytest
 
-from vla import compare
 from tests.conftest import assert_plot
+from vla import compare
 
 KEYS = [
-    "tokens_per_chunk_mean", "tokens_per_chunk_p99", "compression", "rmse", "mae", "max_abs",
-    "encode_chunks_per_s", "decode_chunks_per_s", "vocab_used", "valid_rate_random", "valid_rate_constrained",
-]  # fmt: skip
+    "tokens_per_chunk_mean",
+    "tokens_per_chunk_p99",
+    "compression",
+    "rmse",
+    "mae",
+    "max_abs",
+    "encode_chunks_per_s",
+    "decode_chunks_per_s",
+    "vocab_used",
+    "valid_rate_random",
+    "valid_rate_constrained",
+]
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +108,17 @@ def test_compare_ends_with_a_recommendation_at_the_training_chunk(tiny_dataset_r
     from vla.cli import main
 
     out = tmp_path / "cmp"
-    argv = ["compare", "--dataset_root", str(tiny_dataset_root), "--out", str(out), "--tokenizers",
-            "fast bin beast:n_control_points=6", "--episodes-heldout", "0.25"]
+    argv = [
+        "compare",
+        "--dataset_root",
+        str(tiny_dataset_root),
+        "--out",
+        str(out),
+        "--tokenizers",
+        "fast bin beast:n_control_points=6",
+        "--episodes-heldout",
+        "0.25",
+    ]
     assert main(argv) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     saved = json.loads((out / "compare.json").read_text())
@@ -109,11 +127,12 @@ def test_compare_ends_with_a_recommendation_at_the_training_chunk(tiny_dataset_r
     assert rec["tokenizer"] == min(within, key=lambda k: rows[k]["tokens_per_chunk_mean"])
     assert saved["time_horizon"] == 40 and saved["time_horizon_why"] == "the chunk vla train chooses"  # 0.5 s at 80 fps
     # the answer is last: which tokenizer at which rate and chunk, why, and the command to train with it
-    answer = lines[[i for i, line in enumerate(lines) if line.startswith("recommendation: ")][-1]:]
+    answer = lines[[i for i, line in enumerate(lines) if line.startswith("recommendation: ")][-1] :]
     assert answer[0].startswith(f"recommendation: {rec['tokenizer']}, ") and "ids per chunk" in answer[0]
     assert "T=40 (0.5 s at 80 fps, the chunk vla train chooses)" in answer[0]
     assert answer[1].startswith("  why: the fewest ids among the") and answer[-1].startswith(
-        f"  next: vla train --dataset_root={tiny_dataset_root} --tokenizer.type=")
+        f"  next: vla train --dataset_root={tiny_dataset_root} --tokenizer.type="
+    )
     assert (out / "compare.md").read_text().startswith("recommendation: ")
     # the same --out again is refused before any fitting, and nothing in it changes; --overwrite replaces it
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -128,8 +147,16 @@ def test_compare_ends_with_a_recommendation_at_the_training_chunk(tiny_dataset_r
 
 def test_no_tokenizer_within_the_bound_is_said(tiny_dataset_root, tmp_path):
     lines = []
-    res = compare.compare(tiny_dataset_root, tmp_path / "c", tokenizers="bin:n_bins=8 bin:n_bins=16", time_horizon=4,
-                          heldout=0.25, n_random=10, max_rmse=1e-6, log=lines.append)
+    res = compare.compare(
+        tiny_dataset_root,
+        tmp_path / "c",
+        tokenizers="bin:n_bins=8 bin:n_bins=16",
+        time_horizon=4,
+        heldout=0.25,
+        n_random=10,
+        max_rmse=1e-6,
+        log=lines.append,
+    )
     assert res["recommendation"]["tokenizer"] == "bin:n_bins=16" and not res["recommendation"]["within_bound"]
     assert "none decodes every held-out chunk within RMSE 1e-06, so the lowest error" in lines[-1]
     assert "--tokenizer.type=bin --tokenizer.n_bins=16 --policy.time_horizon=4" in lines[-1]
@@ -143,8 +170,9 @@ def test_fsq_fits_shorter_in_compare_unless_its_steps_are_named():
     assert compare.entry_fit_options(fsq, {}) == short and compare.FSQ_STEPS < 3000
     assert compare.entry_fit_options(fsq, {"fsq": {"steps": None, "max_seconds": None}}) == short
     assert compare.entry_fit_options(fsq, {"fsq": {"steps": 900}}) == {"steps": 900, "max_seconds": compare.FSQ_SECONDS}
-    assert compare.entry_fit_options(compare.parse_entry("fsq:steps=900,levels=[8,5,5]"), {"fsq": {"max_seconds": 9}}) \
-        == {"max_seconds": 9}
+    assert compare.entry_fit_options(
+        compare.parse_entry("fsq:steps=900,levels=[8,5,5]"), {"fsq": {"max_seconds": 9}}
+    ) == {"max_seconds": 9}
     assert compare.entry_fit_options(compare.parse_entry("bin"), {"fsq": {"steps": 9}}) == {}
 
 
@@ -153,23 +181,43 @@ def test_a_misspelled_compare_option_is_one_line_with_the_closest(tmp_path, caps
 
     assert main(["compare", "--root", str(tmp_path), "--out", str(tmp_path / "o"), "--tim-horizon", "3"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("vla compare: error: unknown option --tim-horizon; did you mean '--time-horizon'? (vla compare "
-                   "--help lists every option)")
+    assert err == (
+        "vla compare: error: unknown option --tim-horizon; did you mean '--time-horizon'? (vla compare "
+        "--help lists every option)"
+    )
     assert not (tmp_path / "o").exists()
 
 
 def test_tokenizer_fit_saves_tokenizer_normaliser_and_report_and_train_uses_them(tiny_dataset_root, tmp_path, capsys):
     import action_tokenizers as at
+
     from vla.cli import main
-    from vla.policy.factory import build_policy
     from vla.config import TrainConfig
-    from vla.tokenizer_choice import tokenizer_config
     from vla.data.reader import dataset_info
     from vla.policy import VLAConfig
+    from vla.policy.factory import build_policy
+    from vla.tokenizer_choice import tokenizer_config
 
     out = tmp_path / "tok"
-    assert main(["tokenizer", "fit", "--root", str(tiny_dataset_root), "--type", "bin", "--option", "n_bins=64",
-                 "--time-horizon", "4", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "tokenizer",
+                "fit",
+                "--root",
+                str(tiny_dataset_root),
+                "--type",
+                "bin",
+                "--option",
+                "n_bins=64",
+                "--time-horizon",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     tok = at.load_tokenizer(out)
     assert tok.name == "bin" and tok.vocab_size == 64
     report = json.loads((out / "report.json").read_text())
@@ -178,13 +226,21 @@ def test_tokenizer_fit_saves_tokenizer_normaliser_and_report_and_train_uses_them
     assert (out / "rate_distortion.png").is_file() and (out / "action_normalizer.json").is_file()
     assert main(["tokenizer", "fit", "--root", str(tiny_dataset_root), "--type", "bin", "--out", str(out)]) == 1
     assert "not an empty folder" in capsys.readouterr().err
-    cfg = TrainConfig(dataset_root=str(tiny_dataset_root), output_dir=str(tmp_path / "run"), steps=1, batch_size=4,
-                      tokenizer=tokenizer_config("bin", pretrained_path=str(out)), progress=False,
-                      policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"))  # fmt: skip
+    cfg = TrainConfig(
+        dataset_root=str(tiny_dataset_root),
+        output_dir=str(tmp_path / "run"),
+        steps=1,
+        batch_size=4,
+        tokenizer=tokenizer_config("bin", pretrained_path=str(out)),
+        progress=False,
+        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"),
+    )
     info = dataset_info(tiny_dataset_root)
     policy = build_policy(cfg, info, info.episode_index.tolist())
     assert policy.action_tokenizer.vocab_size == 64
-    np.testing.assert_allclose(policy.action_normalizer.offset, at.Normalizer.load(out / "action_normalizer.json").offset)
+    np.testing.assert_allclose(
+        policy.action_normalizer.offset, at.Normalizer.load(out / "action_normalizer.json").offset
+    )
 
 
 def test_fsq_fit_time_and_steps_beside_its_error(result):

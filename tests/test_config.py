@@ -1,11 +1,11 @@
 from pathlib import Path
 
+import action_tokenizers as at
 import pytest
 
-import action_tokenizers as at
 from vla.config import TrainConfig, load_config
-from vla.tokenizer_choice import tokenizer_config, TOKENIZER_CONFIGS
 from vla.policy import VLAConfig
+from vla.tokenizer_choice import TOKENIZER_CONFIGS, tokenizer_config
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
@@ -32,8 +32,11 @@ def test_overrides_with_a_choice_type():
 def test_another_tokenizer_type_drops_the_files_tokenizer_options(tmp_path):
     """configs/aloha.yaml sets FAST's scale; --tokenizer.type=beast gives BEAST, its options from the command line or
     its defaults, and keeps the rest of the file (whether the file comes as an argument or as --config_path)."""
-    for path, args in (("configs/aloha.yaml", []), (None, ["--config_path", "configs/aloha.yaml"]),
-                       (None, ["--config_path=configs/aloha.yaml"])):  # fmt: skip
+    for path, args in (
+        ("configs/aloha.yaml", []),
+        (None, ["--config_path", "configs/aloha.yaml"]),
+        (None, ["--config_path=configs/aloha.yaml"]),
+    ):
         cfg = load_config(path, [*args, "--tokenizer.type=beast", "--tokenizer.n_control_points=7"])
         assert isinstance(cfg.tokenizer, TOKENIZER_CONFIGS["beast"]) and cfg.tokenizer.n_control_points == 7
         assert cfg.policy.time_horizon == 50 and cfg.steps == 4000  # the file's other settings
@@ -62,8 +65,15 @@ def test_policy_config_is_the_one_config(tiny_dataset_root, tmp_path):
     from vla.data import reader
     from vla.policy.factory import build_policy
 
-    cfg = load_config("configs/fast.yaml", ["--policy.time_horizon=8", "--policy.n_action_steps=4",
-                                             "--policy.preset=micro", f"--dataset_root={tiny_dataset_root}"])
+    cfg = load_config(
+        "configs/fast.yaml",
+        [
+            "--policy.time_horizon=8",
+            "--policy.n_action_steps=4",
+            "--policy.preset=micro",
+            f"--dataset_root={tiny_dataset_root}",
+        ],
+    )
     info = reader.dataset_info(tiny_dataset_root)
     policy = build_policy(cfg.resolved(info, log=None), info, list(range(info.num_episodes)))
     assert type(policy.config) is VLAConfig and policy.config.time_horizon == 8 and policy.config.n_action_steps == 4
@@ -117,10 +127,12 @@ def test_train_with_no_dataset_and_no_config_refuses_when_the_default_is_absent(
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--steps=2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["vla train: error: no --dataset_root given (no config file was given), and the default "
-                   "outputs/datasets/metaworld_push-v3 (the demo's push-v3 recording) is not here; pass "
-                   "--dataset_root=DIR (a LeRobot v3.0 dataset), or record the default with vla data record --task "
-                   "push-v3 --episodes 100"]
+    assert err == [
+        "vla train: error: no --dataset_root given (no config file was given), and the default "
+        "outputs/datasets/metaworld_push-v3 (the demo's push-v3 recording) is not here; pass "
+        "--dataset_root=DIR (a LeRobot v3.0 dataset), or record the default with vla data record --task "
+        "push-v3 --episodes 100"
+    ]
     assert list(tmp_path.iterdir()) == []  # no run folder, nothing written
 
 
@@ -129,8 +141,10 @@ def test_train_says_which_dataset_it_uses_when_none_is_named(tmp_path, monkeypat
     (tmp_path / "outputs" / "datasets" / "metaworld_push-v3").mkdir(parents=True)
     lines = []
     assert load_config(args=["--steps=2"], log=lines.append).dataset_root == "outputs/datasets/metaworld_push-v3"
-    assert lines == ["dataset_root = outputs/datasets/metaworld_push-v3: the default, no --dataset_root given (no "
-                     "config file was given); pass --dataset_root=DIR for your own"]
+    assert lines == [
+        "dataset_root = outputs/datasets/metaworld_push-v3: the default, no --dataset_root given (no "
+        "config file was given); pass --dataset_root=DIR for your own"
+    ]
     lines.clear()
     load_config(args=["--config_path", "configs/fast.yaml"], log=lines.append)
     assert len(lines) == 1 and lines[0].startswith("dataset_root = outputs/datasets/metaworld_push-v3: the default")
@@ -166,10 +180,12 @@ def test_an_unknown_config_names_the_shipped_ones(tmp_path, monkeypatch, capsys)
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--config_path", "configs/fsat.yaml", "--dataset_root=d"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("vla train: error: no config file 'configs/fsat.yaml'; did you mean "
-                                               "'fast'? (the shipped configs, in ")
-    assert "aloha, beast, bin, debug, fast, fsq" in err[0] and err[0].endswith("pass one by name (--config_path fast) "
-                                                                               "or a path to your own YAML file")
+    assert len(err) == 1 and err[0].startswith(
+        "vla train: error: no config file 'configs/fsat.yaml'; did you mean 'fast'? (the shipped configs, in "
+    )
+    assert "aloha, beast, bin, debug, fast, fsq" in err[0] and err[0].endswith(
+        "pass one by name (--config_path fast) or a path to your own YAML file"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -179,8 +195,10 @@ def test_a_misspelled_train_flag_is_one_line_with_the_closest(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--datset_root=d", f"--output_dir={tmp_path / 'run'}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["vla train: error: unknown option --datset_root; did you mean '--dataset_root'? (vla train --help "
-                   "lists every option)"]
+    assert err == [
+        "vla train: error: unknown option --datset_root; did you mean '--dataset_root'? (vla train --help "
+        "lists every option)"
+    ]
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="unknown option --policy.time_horizn; did you mean '--policy.time_horizon'"):
         load_config(args=["--dataset_root=d", "--policy.time_horizn=4"])

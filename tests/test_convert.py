@@ -32,36 +32,56 @@ def write_v21(root: Path, *, video_camera: bool = False) -> dict[int, pd.DataFra
         "task_index": {"dtype": "int64", "shape": [1], "names": None},
     }
     if video_camera:
-        features[CAM] = {"dtype": "video", "shape": [48, 64, 3], "names": ["height", "width", "channels"],
-                         "info": {"video.fps": FPS, "video.codec": "av1"}}  # fmt: skip
+        features[CAM] = {
+            "dtype": "video",
+            "shape": [48, 64, 3],
+            "names": ["height", "width", "channels"],
+            "info": {"video.fps": FPS, "video.codec": "av1"},
+        }
     (root / "meta").mkdir(parents=True)
     (root / "data" / "chunk-000").mkdir(parents=True)
     frames, start, episodes, stats = {}, 0, [], []
     for ep, n in enumerate(LENGTHS):
         state = rng.standard_normal((n, 3)).astype(np.float32)
         action = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
-        df = pd.DataFrame({
-            "observation.state": list(state), "action": list(action),
-            "timestamp": np.arange(n, dtype=np.float32) / FPS, "frame_index": np.arange(n),
-            "episode_index": np.full(n, ep), "index": np.arange(start, start + n), "task_index": np.full(n, ep),
-        })  # fmt: skip
+        df = pd.DataFrame(
+            {
+                "observation.state": list(state),
+                "action": list(action),
+                "timestamp": np.arange(n, dtype=np.float32) / FPS,
+                "frame_index": np.arange(n),
+                "episode_index": np.full(n, ep),
+                "index": np.arange(start, start + n),
+                "task_index": np.full(n, ep),
+            }
+        )
         df.to_parquet(root / "data" / "chunk-000" / f"episode_{ep:06d}.parquet", index=False)
         frames[ep], start = df, start + n
         episodes.append({"episode_index": ep, "tasks": [f"task {ep}"], "length": n})
-        entry = {k: _stats(np.stack(df[k].to_numpy()) if k in ("observation.state", "action") else
-                           df[k].to_numpy()[:, None]) for k in df.columns}  # fmt: skip
+        entry = {
+            k: _stats(np.stack(df[k].to_numpy()) if k in ("observation.state", "action") else df[k].to_numpy()[:, None])
+            for k in df.columns
+        }
         if video_camera:
             entry[CAM] = {s: np.full((3, 1, 1), 0.5).tolist() for s in ("min", "max", "mean", "std")} | {"count": [n]}
         stats.append({"episode_index": ep, "stats": entry})
     info = {
-        "codebase_version": "v2.1", "robot_type": "test", "total_episodes": len(LENGTHS), "total_frames": start,
-        "total_tasks": len(LENGTHS), "total_videos": len(LENGTHS) if video_camera else 0, "total_chunks": 1,
-        "chunks_size": 1000, "fps": FPS, "splits": {"train": f"0:{len(LENGTHS)}"},
+        "codebase_version": "v2.1",
+        "robot_type": "test",
+        "total_episodes": len(LENGTHS),
+        "total_frames": start,
+        "total_tasks": len(LENGTHS),
+        "total_videos": len(LENGTHS) if video_camera else 0,
+        "total_chunks": 1,
+        "chunks_size": 1000,
+        "fps": FPS,
+        "splits": {"train": f"0:{len(LENGTHS)}"},
         "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
-        "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4" if video_camera
+        "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+        if video_camera
         else None,
         "features": features,
-    }  # fmt: skip
+    }
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=2))
     _jsonl(root / "meta" / "episodes.jsonl", episodes)
     _jsonl(root / "meta" / "tasks.jsonl", [{"task_index": i, "task": f"task {i}"} for i in range(len(LENGTHS))])
@@ -71,8 +91,13 @@ def write_v21(root: Path, *, video_camera: bool = False) -> dict[int, pd.DataFra
 
 def _stats(x: np.ndarray) -> dict:
     x = x.astype(np.float64)
-    return {"min": x.min(0).tolist(), "max": x.max(0).tolist(), "mean": x.mean(0).tolist(), "std": x.std(0).tolist(),
-            "count": [len(x)]}  # fmt: skip
+    return {
+        "min": x.min(0).tolist(),
+        "max": x.max(0).tolist(),
+        "mean": x.mean(0).tolist(),
+        "std": x.std(0).tolist(),
+        "count": [len(x)],
+    }
 
 
 def _jsonl(path: Path, rows: list[dict]) -> None:
@@ -152,8 +177,11 @@ def test_a_destination_inside_or_around_the_source_is_refused(tmp_path, capsys):
     """`vla data convert SRC SRC/out` wrote into the source dataset's folder."""
     write_v21(tmp_path / "old")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    for dst, said in ((tmp_path / "old" / "out", "is inside the source dataset"), (tmp_path / "old", "is the source"),
-                      (tmp_path, "holds the source dataset")):  # fmt: skip
+    for dst, said in (
+        (tmp_path / "old" / "out", "is inside the source dataset"),
+        (tmp_path / "old", "is the source"),
+        (tmp_path, "holds the source dataset"),
+    ):
         assert main(["data", "convert", str(tmp_path / "old"), str(dst), "--overwrite"]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0] and "convert into a" in err[0]

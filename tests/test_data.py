@@ -11,9 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from vla.data.reader import as_info, dataset_info, split_episodes
-
 from vla.data.columns import action_chunks
+from vla.data.reader import as_info, dataset_info, split_episodes
 from vla.data.stats import frame_stats, load_stats
 from vla.data.torch_dataset import ActionChunkDataset, open_dataset
 
@@ -169,8 +168,14 @@ def test_frame_stats_are_the_exact_quantiles_that_stats_json_lacks(tiny_dataset_
     raw = raw_column(tiny_dataset_root, "observation.state").astype(np.float64)
     stats = frame_stats(tiny_dataset_root, ["observation.state", "action"])
     s = stats["observation.state"]
-    for name, value in (("q01", np.quantile(raw, 0.01, 0)), ("q99", np.quantile(raw, 0.99, 0)), ("mean", raw.mean(0)),
-                        ("std", raw.std(0)), ("min", raw.min(0)), ("max", raw.max(0))):  # fmt: skip
+    for name, value in (
+        ("q01", np.quantile(raw, 0.01, 0)),
+        ("q99", np.quantile(raw, 0.99, 0)),
+        ("mean", raw.mean(0)),
+        ("std", raw.std(0)),
+        ("min", raw.min(0)),
+        ("max", raw.max(0)),
+    ):
         np.testing.assert_allclose(s[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert s["count"][0] == len(raw) and stats["action"]["q01"].shape == (4,)
     # The goal (the last 3 state dims) is constant within an episode and differs between them: stats.json's

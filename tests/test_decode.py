@@ -63,17 +63,24 @@ def test_1000_sampled_chunks_all_decode_with_the_constraint(name, capsys):
     n = 1000
     prompt = layout.build_prefix(["push"] * n, np.random.default_rng(1).uniform(-1, 1, (n, 2)))
     constraint = VocabConstraint(tok.constraint(T, D), vocab)
-    gen = generate(model, prompt, vocab=vocab, constraint=constraint, temperature=1.0,
-                   generator=torch.Generator().manual_seed(0))  # fmt: skip
+    gen = generate(
+        model, prompt, vocab=vocab, constraint=constraint, temperature=1.0, generator=torch.Generator().manual_seed(0)
+    )
     out = gen.decode(tok, T, D)
     assert out.valid.all() and gen.valid.all(), [e for e in out.errors if e][:3]
     assert out.actions.shape == (n, T, D) and np.isfinite(out.actions).all()
     assert all(constraint.constraint.accepts(ids) for ids in gen.ids)
     # The same sampler without the constraint, on a smaller batch: the rate is reported, not asserted to be 0.
     m = 200
-    free = generate(model, layout.build_prefix(["push"] * m, np.zeros((m, 2))), vocab=vocab, constraint=None,
-                    temperature=1.0, max_new_tokens=constraint.max_length + 1,
-                    generator=torch.Generator().manual_seed(0))  # fmt: skip
+    free = generate(
+        model,
+        layout.build_prefix(["push"] * m, np.zeros((m, 2))),
+        vocab=vocab,
+        constraint=None,
+        temperature=1.0,
+        max_new_tokens=constraint.max_length + 1,
+        generator=torch.Generator().manual_seed(0),
+    )
     rate = free.decode(tok, T, D).valid.mean()
     with capsys.disabled():
         print(f"\n{name}: valid rate with the constraint 1.000 ({n} chunks), without it {rate:.3f} ({m} chunks)")
@@ -84,8 +91,14 @@ def test_1000_sampled_chunks_all_decode_with_the_constraint(name, capsys):
 def test_stop_token_only_when_the_constraint_is_done():
     tok, vocab, model, layout = setup_for("fast")
     prompt = layout.build_prefix(["push"] * 50, np.zeros((50, 2)))
-    gen = generate(model, prompt, vocab=vocab, constraint=tok.constraint(T, D), temperature=1.0,
-                   generator=torch.Generator().manual_seed(3))  # fmt: skip
+    gen = generate(
+        model,
+        prompt,
+        vocab=vocab,
+        constraint=tok.constraint(T, D),
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(3),
+    )
     for row, ids in zip(gen.tokens.tolist(), gen.ids):
         assert row[len(ids)] == vocab.end_id  # "|" right after the last action id, never earlier
         assert vocab.end_id not in row[: len(ids)]
@@ -94,10 +107,17 @@ def test_stop_token_only_when_the_constraint_is_done():
 def test_sampling_is_reproducible_and_top_p_narrows():
     tok, vocab, model, layout = setup_for("bin")
     prompt = layout.build_prefix(["push"] * 8, np.zeros((8, 2)))
-    run = lambda seed, top_p=1.0: generate(  # noqa: E731
-        model, prompt, vocab=vocab, constraint=tok.constraint(T, D), temperature=1.0, top_p=top_p,
-        generator=torch.Generator().manual_seed(seed),
-    ).tokens  # fmt: skip
+    run = lambda seed, top_p=1.0: (  # noqa: E731
+        generate(
+            model,
+            prompt,
+            vocab=vocab,
+            constraint=tok.constraint(T, D),
+            temperature=1.0,
+            top_p=top_p,
+            generator=torch.Generator().manual_seed(seed),
+        ).tokens
+    )
     assert torch.equal(run(0), run(0))
     assert not torch.equal(run(0), run(1))
     greedy = generate(model, prompt, vocab=vocab, constraint=tok.constraint(T, D)).tokens
@@ -134,8 +154,15 @@ def test_budget_and_option_errors():
 
 def test_unfinished_rows_are_invalid_and_say_why():
     tok, vocab, model, layout = setup_for("bin")
-    gen = generate(model, layout.build_prefix(["push"] * 4, np.zeros((4, 2))), vocab=vocab, constraint=None,
-                   max_new_tokens=3, temperature=1.0, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    gen = generate(
+        model,
+        layout.build_prefix(["push"] * 4, np.zeros((4, 2))),
+        vocab=vocab,
+        constraint=None,
+        max_new_tokens=3,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(0),
+    )
     out = gen.decode(tok, T, D)
     assert not out.valid.any() and np.isnan(out.actions).all()
     assert all(e is not None for e in out.errors)
@@ -157,8 +184,9 @@ def test_lean_hidden_states_match_the_backbone(state_encoding):
     tok = fitted_tokenizers()["fast"]
     vocab = VocabMap.compact(tok.vocab_size)
     embedding = state_encoding == "embedding"
-    model = build_model("micro", vocab, num_cameras=1, seed=1, state_dim=4 if embedding else None,
-                        state_tokens=1 if embedding else 0).eval()  # fmt: skip
+    model = build_model(
+        "micro", vocab, num_cameras=1, seed=1, state_dim=4 if embedding else None, state_tokens=1 if embedding else 0
+    ).eval()
     layout = SequenceLayout(vocab, image_tokens=model.image_tokens, num_cameras=1, state_encoding=state_encoding)
     states = np.random.default_rng(0).uniform(-1, 1, (2, 4))
     prompt = layout.build_prefix(["push", "open the top drawer please"], states)
@@ -167,8 +195,16 @@ def test_lean_hidden_states_match_the_backbone(state_encoding):
     with torch.inference_mode():
         lean = LeanSteps(model, prompt, n)
         got = lean.prefill(prompt, images)
-        out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
-                    images=images, use_cache=True, state=prompt.state, state_slots=prompt.state_slots)  # fmt: skip
+        out = model(
+            prompt.input_ids,
+            prompt.attention_mask,
+            prompt.position_ids,
+            token_type_ids=prompt.ar,
+            images=images,
+            use_cache=True,
+            state=prompt.state,
+            state_slots=prompt.state_slots,
+        )
         torch.testing.assert_close(got, out.last_hidden_state[:, -1], rtol=1e-5, atol=1e-5)
         cache, next_position = out.past_key_values, prompt.position_ids[:, -1] + 1
         ones = torch.ones(2, n, dtype=torch.bool)
@@ -176,8 +212,13 @@ def test_lean_hidden_states_match_the_backbone(state_encoding):
             token = torch.tensor([vocab.action_to_vocab(np.int64(step)), vocab.action_to_vocab(np.int64(5 + step))])
             got = lean(token, step)
             key_valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)
-            out = model(token[:, None], key_valid[:, None, :], (next_position + step)[:, None], past_key_values=cache,
-                        use_cache=True)  # fmt: skip
+            out = model(
+                token[:, None],
+                key_valid[:, None, :],
+                (next_position + step)[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache = out.past_key_values
             torch.testing.assert_close(got, out.last_hidden_state[:, -1], rtol=1e-5, atol=1e-5)
 
@@ -191,8 +232,16 @@ def test_lean_sampling_equals_transformers_path(name):
     images = torch.rand(9, 1, 3, 32, 32)
 
     def run(**kw):
-        return generate(model, prompt, vocab=vocab, constraint=tok.constraint(T, D), images=images, temperature=1.0,
-                        generator=torch.Generator().manual_seed(0), **kw).tokens  # fmt: skip
+        return generate(
+            model,
+            prompt,
+            vocab=vocab,
+            constraint=tok.constraint(T, D),
+            images=images,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(0),
+            **kw,
+        ).tokens
 
     assert torch.equal(run(), run(lean=False))
     assert torch.equal(run(), run(use_cache=False))
@@ -222,8 +271,14 @@ def _log_prob(model, prompt, vocab: VocabMap, constraint, ids: list[int]) -> flo
     positions = torch.cat([prompt.position_ids, prompt.position_ids[:, -1:] + 1 + torch.arange(n)], dim=1)
     slots = torch.cat([prompt.state_slots, torch.zeros_like(new, dtype=torch.bool)], dim=1)
     with torch.no_grad():
-        out = model(torch.cat([prompt.input_ids, new], dim=1), prefix_lm_mask(valid, ar), positions, token_type_ids=ar,
-                    state=prompt.state, state_slots=slots)  # fmt: skip
+        out = model(
+            torch.cat([prompt.input_ids, new], dim=1),
+            prefix_lm_mask(valid, ar),
+            positions,
+            token_type_ids=ar,
+            state=prompt.state,
+            state_slots=slots,
+        )
         logits = model.logits(out.last_hidden_state[0, lp - 1 : lp - 1 + n])  # [n, V]: the logits before each id
     total, state = 0.0, vc.start()
     for k, row in enumerate(logits):

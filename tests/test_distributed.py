@@ -39,9 +39,18 @@ def free_port() -> int:
 
 def train_args(root: Path, out: Path, steps: int, *extra: str) -> list[str]:
     """configs/debug.yaml (the tiny policy, FAST, no EMA) on the fixture dataset, shortened."""
-    return ["--config_path=configs/debug.yaml", f"--dataset_root={root}", f"--output_dir={out}", f"--steps={steps}",
-            f"--batch_size={BATCH}", "--save_every=2", "--log_every=1", "--keep_last=0", "--policy.device=cpu",
-            *extra]  # fmt: skip
+    return [
+        "--config_path=configs/debug.yaml",
+        f"--dataset_root={root}",
+        f"--output_dir={out}",
+        f"--steps={steps}",
+        f"--batch_size={BATCH}",
+        "--save_every=2",
+        "--log_every=1",
+        "--keep_last=0",
+        "--policy.device=cpu",
+        *extra,
+    ]
 
 
 def launch(args: list[str], record: Path) -> subprocess.CompletedProcess:
@@ -49,9 +58,24 @@ def launch(args: list[str], record: Path) -> subprocess.CompletedProcess:
     no GPU visible: accelerate then joins the processes over gloo on the CPU."""
     record.mkdir(parents=True)
     accelerate = Path(sys.executable).parent / "accelerate"
-    cmd = [str(accelerate), "launch", "--multi_gpu", f"--num_processes={WORLD}", "--num_machines=1",
-           "--mixed_precision=no", "--dynamo_backend=no", f"--main_process_port={free_port()}",
-           "--log_dir", str(record / "logs"), "--tee", "3", "-m", "tests.test_distributed", str(record), *args]  # fmt: skip
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--multi_gpu",
+        f"--num_processes={WORLD}",
+        "--num_machines=1",
+        "--mixed_precision=no",
+        "--dynamo_backend=no",
+        f"--main_process_port={free_port()}",
+        "--log_dir",
+        str(record / "logs"),
+        "--tee",
+        "3",
+        "-m",
+        "tests.test_distributed",
+        str(record),
+        *args,
+    ]
     env = os.environ | {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(cmd, cwd=Path(__file__).parents[1], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"two-process run failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -94,7 +118,9 @@ def test_two_processes_train_like_one(tiny_dataset_root, tmp_path):
     assert [len(b) for b in ranks[0]["batches"]] == [BATCH // WORLD] * STEPS
     for step, global_batch in enumerate(one):
         halves = [r["batches"][step] for r in ranks]
-        assert not set(halves[0]) & set(halves[1]), f"step {step}: both ranks trained on {set(halves[0]) & set(halves[1])}"
+        assert not set(halves[0]) & set(halves[1]), (
+            f"step {step}: both ranks trained on {set(halves[0]) & set(halves[1])}"
+        )
         assert sorted(halves[0] + halves[1]) == sorted(global_batch)
 
     # (c) rank 0 alone wrote the run folder and printed; the metrics hold each step once
@@ -132,8 +158,9 @@ def test_two_processes_train_like_one(tiny_dataset_root, tmp_path):
     assert after[1]["writes"] == []
     back = weights(resumed)
     assert max(float(np.abs(back[k] - two[k]).max()) for k in two) < 1e-6
-    np.testing.assert_allclose([r["loss"] for r in metric_rows(resumed)], [r["loss"] for r in metric_rows(straight)],
-                               rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        [r["loss"] for r in metric_rows(resumed)], [r["loss"] for r in metric_rows(straight)], rtol=1e-6
+    )
 
 
 def weights_at_init(cfg) -> dict[str, np.ndarray]:

@@ -396,8 +396,11 @@ def test_every_folder_of_untraced_results_has_a_readme_that_says_so():
 def test_a_readme_that_says_untraced_has_untraced_files():
     """Once a study is re-measured with provenance (its files leave UNTRACED.txt), its README must stop saying so."""
     untraced = _untraced()
-    stale = [str(r.relative_to(ROOT)) for r in RESULTS.rglob("README.md")
-             if "UNTRACED.txt" in r.read_text(encoding="utf-8") and not any(f.is_relative_to(r.parent) for f in untraced)]  # fmt: skip
+    stale = [
+        str(r.relative_to(ROOT))
+        for r in RESULTS.rglob("README.md")
+        if "UNTRACED.txt" in r.read_text(encoding="utf-8") and not any(f.is_relative_to(r.parent) for f in untraced)
+    ]
     assert not stale, f"these READMEs call their numbers untraced, but UNTRACED.txt lists none of their files: {stale}"
 
 
@@ -445,8 +448,11 @@ def test_the_docs_index_lists_every_page_and_every_results_folder():
 def _traced_studies() -> list[Path]:
     """Study folders written by ``vla study``: every run recorded with what produced it (``runs.json``), and a page
     that ``vla study table`` draws (``# Study `name` ``)."""
-    return sorted(r.parent for r in RESULTS.rglob("runs.json")
-                  if (r.parent / "README.md").is_file() and (r.parent / "README.md").read_text().startswith("# Study"))
+    return sorted(
+        r.parent
+        for r in RESULTS.rglob("runs.json")
+        if (r.parent / "README.md").is_file() and (r.parent / "README.md").read_text().startswith("# Study")
+    )
 
 
 def _means(study: Path) -> list[float]:
@@ -456,8 +462,11 @@ def _means(study: Path) -> list[float]:
 
 def _significant(study: Path) -> list[tuple[str, str, str]]:
     """(better, worse, p) of each gap a study page calls significant."""
-    rows = re.findall(r"^\|[^|]*\|\s*(\S+)\s*\|\s*(\S+)\s*\|[^|]*\|\s*([0-9.]+)\s*\|\s*yes\s*\|$",
-                      (study / "README.md").read_text(), flags=re.M)
+    rows = re.findall(
+        r"^\|[^|]*\|\s*(\S+)\s*\|\s*(\S+)\s*\|[^|]*\|\s*([0-9.]+)\s*\|\s*yes\s*\|$",
+        (study / "README.md").read_text(),
+        flags=re.M,
+    )
     return [tuple(r) for r in rows]
 
 
@@ -483,8 +492,12 @@ def test_the_readme_results_table_quotes_the_traced_studies():
         for study in studies:
             for better, worse, p in _significant(study):
                 if f"p = {p}" not in row:
-                    wrong.append(f"{study.name}: {better} over {worse} is significant (p = {p}); the row does not say so")
-    wrong += [f"{s.name}: traced, but the README's results table has no row" for s in _traced_studies() if s not in seen]
+                    wrong.append(
+                        f"{study.name}: {better} over {worse} is significant (p = {p}); the row does not say so"
+                    )
+    wrong += [
+        f"{s.name}: traced, but the README's results table has no row" for s in _traced_studies() if s not in seen
+    ]
     assert len(_traced_studies()) >= 4 and not wrong, "; ".join(wrong)
 
 
@@ -492,7 +505,7 @@ def test_choosing_a_tokenizer_cites_each_traced_verdict():
     """docs/tokenizers.md's advice links every study with a significant gap and quotes its p, so it cannot say the
     opposite of a traced verdict; and no page calls an ordering a study settled "not established"."""
     text = (ROOT / "docs" / "tokenizers.md").read_text(encoding="utf-8")
-    advice = text[text.index("## Choosing a tokenizer"):]
+    advice = text[text.index("## Choosing a tokenizer") :]
     page = ROOT / "docs" / "tokenizers.md"
     linked = {p for p in _links(page) if p.name == "README.md"}
     missing = []
@@ -501,8 +514,11 @@ def test_choosing_a_tokenizer_cites_each_traced_verdict():
             if (study / "README.md").resolve() not in linked or f"p = {p}" not in advice.replace("p =\n   ", "p = "):
                 missing.append(f"{study.name} ({better} over {worse}, p = {p})")
     assert not missing, f"docs/tokenizers.md's choosing section does not cite: {', '.join(missing)}"
-    settled = [str(p.relative_to(ROOT)) for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
-               if re.search(r"ordering is not established|did not reproduce it", p.read_text(encoding="utf-8"))]
+    settled = [
+        str(p.relative_to(ROOT))
+        for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+        if re.search(r"ordering is not established|did not reproduce it", p.read_text(encoding="utf-8"))
+    ]
     assert not settled, f"these pages call a settled ordering open: {settled}"
 
 
@@ -517,7 +533,9 @@ def test_the_docs_name_fasts_default_order():
     published = at.FASTTokenizer.fit(chunks, byte_level=True).order
     assert default != published
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    intro = readme[readme.index("FAST (DCT"):][:200]
+    intro = readme[readme.index("FAST (DCT") :][:200]
     assert f"{default}-major flatten" in intro and f"published\n  {published}-major" in intro, intro
-    table = next(line for line in (ROOT / "docs" / "tokenizers.md").read_text().splitlines() if line.startswith("| `fast`"))
+    table = next(
+        line for line in (ROOT / "docs" / "tokenizers.md").read_text().splitlines() if line.startswith("| `fast`")
+    )
     assert f"{default}-major order" in table and f"{published}-major" not in table.partition("byte_level")[0], table

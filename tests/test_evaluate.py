@@ -6,26 +6,33 @@ import math
 import numpy as np
 import pytest
 
+from tests.conftest import assert_plot
 from vla import evaluate, train
 from vla.config import TrainConfig
-from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
-from tests.conftest import assert_plot
+from vla.tokenizer_choice import tokenizer_config
 
 
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_dataset_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     cfg = TrainConfig(
-        dataset_root=str(tiny_dataset_root), output_dir=str(out), tokenizer=tokenizer_config("fast", vocab_size=256),
+        dataset_root=str(tiny_dataset_root),
+        output_dir=str(out),
+        tokenizer=tokenizer_config("fast", vocab_size=256),
         policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=4, scheduler_warmup_steps=1, device="cpu"),
-        steps=2, batch_size=4, save_every=2, progress=False,
-    )  # fmt: skip
+        steps=2,
+        batch_size=4,
+        save_every=2,
+        progress=False,
+    )
     return train.main(cfg)["policy_path"]
 
 
 def test_evaluation_runs_short_episodes(tiny_policy, tmp_path):
-    report = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=2, max_steps=12, out_dir=tmp_path, progress=False)
+    report = evaluate.evaluate(
+        tiny_policy, "metaworld/push-v3", episodes=2, max_steps=12, out_dir=tmp_path, progress=False
+    )
     saved = json.loads((tmp_path / "eval_info.json").read_text())
     assert saved["episodes"] == 2 and saved["lengths"] == [12, 12]  # an untrained policy does not succeed
     assert saved["chunks"] == 6 and saved["valid_chunk_rate"] == 1.0  # constrained: every chunk decodes
@@ -72,7 +79,9 @@ def test_demo_quick_reports_every_tokenizer(tmp_path):
 
 def test_evaluation_over_several_tasks_reports_each(tiny_policy, tmp_path):
     names = "metaworld/drawer-open-v3,drawer-close-v3"
-    report = evaluate.evaluate(tiny_policy, names, episodes=2, max_steps=6, num_envs=4, out_dir=tmp_path, progress=False)
+    report = evaluate.evaluate(
+        tiny_policy, names, episodes=2, max_steps=6, num_envs=4, out_dir=tmp_path, progress=False
+    )
     assert set(report["tasks"]) == {"metaworld/drawer-open-v3", "metaworld/drawer-close-v3"}
     assert report["episodes"] == 4 and report["num_envs"] == 4
     for task in report["tasks"].values():
@@ -88,19 +97,31 @@ def test_evaluation_in_lerobots_observation_convention(tmp_path):
     root = tmp_path / "agent_pos"
     record("metaworld/push-v3", 2, root, env_options={"observation": "lerobot"}, progress=False)
     cfg = TrainConfig(
-        dataset_root=str(root), output_dir=str(tmp_path / "run"), tokenizer=tokenizer_config("bin", n_bins=16),
+        dataset_root=str(root),
+        output_dir=str(tmp_path / "run"),
+        tokenizer=tokenizer_config("bin", n_bins=16),
         policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=4, scheduler_warmup_steps=1, device="cpu"),
-        steps=2, batch_size=4, save_every=2, progress=False,
-    )  # fmt: skip
+        steps=2,
+        batch_size=4,
+        save_every=2,
+        progress=False,
+    )
     policy = train.main(cfg)["policy_path"]
-    report = evaluate.evaluate(policy, "metaworld/push-v3", episodes=1, max_steps=8,
-                               env_options={"observation": "lerobot"}, progress=False)  # fmt: skip
+    report = evaluate.evaluate(
+        policy, "metaworld/push-v3", episodes=1, max_steps=8, env_options={"observation": "lerobot"}, progress=False
+    )
     assert report["lengths"] == [8] and report["valid_chunk_rate"] == 1.0
     # Without options the convention comes from the training data's recording.json
     assert evaluate.training_recording(policy)["env_options"] == {"observation": "lerobot"}
     with pytest.raises(ValueError, match="4-D state but metaworld/push-v3 gives 39 values.*--observation"):
-        evaluate.evaluate(policy, "metaworld/push-v3", episodes=1, max_steps=8,
-                          env_options={"observation": "privileged"}, progress=False)  # fmt: skip
+        evaluate.evaluate(
+            policy,
+            "metaworld/push-v3",
+            episodes=1,
+            max_steps=8,
+            env_options={"observation": "privileged"},
+            progress=False,
+        )
 
 
 def test_camera_policy_from_proprioception_records_trains_and_evaluates(tmp_path):
@@ -110,17 +131,40 @@ def test_camera_policy_from_proprioception_records_trains_and_evaluates(tmp_path
     from vla.sim.record import record
 
     root, camera = tmp_path / "pixels", "observation.images.workspace"
-    record("metaworld/push-v3", 2, root, images=True, cameras=[camera], image_size=48, image_format="png",
-           env_options={"observation": "proprio"}, progress=False)  # fmt: skip
+    record(
+        "metaworld/push-v3",
+        2,
+        root,
+        images=True,
+        cameras=[camera],
+        image_size=48,
+        image_format="png",
+        env_options={"observation": "proprio"},
+        progress=False,
+    )
     cfg = TrainConfig(
-        dataset_root=str(root), output_dir=str(tmp_path / "run"), tokenizer=tokenizer_config("bin", n_bins=16),
-        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=4, scheduler_warmup_steps=1, device="cpu",
-                         image_keys=[camera], image_size=32, image_shift=2),
-        steps=2, batch_size=4, save_every=2, progress=False,
-    )  # fmt: skip
+        dataset_root=str(root),
+        output_dir=str(tmp_path / "run"),
+        tokenizer=tokenizer_config("bin", n_bins=16),
+        policy=VLAConfig(
+            preset="micro",
+            time_horizon=4,
+            n_action_steps=4,
+            scheduler_warmup_steps=1,
+            device="cpu",
+            image_keys=[camera],
+            image_size=32,
+            image_shift=2,
+        ),
+        steps=2,
+        batch_size=4,
+        save_every=2,
+        progress=False,
+    )
     policy = train.main(cfg)["policy_path"]
-    report = evaluate.evaluate(policy, "metaworld/push-v3", episodes=1, max_steps=8, gif_episodes=1,
-                               out_dir=tmp_path / "eval", progress=False)  # fmt: skip
+    report = evaluate.evaluate(
+        policy, "metaworld/push-v3", episodes=1, max_steps=8, gif_episodes=1, out_dir=tmp_path / "eval", progress=False
+    )
     assert report["lengths"] == [8] and report["valid_chunk_rate"] == 1.0
     from PIL import Image
 
@@ -148,18 +192,29 @@ def test_the_demo_finds_its_configs_in_a_checkout_and_in_an_installed_wheel(tmp_
 
 def test_evaluation_behind_a_delay(tiny_policy, tmp_path):
     now = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=2, max_steps=16, num_envs=2, progress=False)
-    zero = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=2, max_steps=16, num_envs=2, delay_ms=0,
-                             decode_ms=0, progress=False)
+    zero = evaluate.evaluate(
+        tiny_policy, "metaworld/push-v3", episodes=2, max_steps=16, num_envs=2, delay_ms=0, decode_ms=0, progress=False
+    )
     assert zero["delay_steps"] == 0 and zero["returns"] == now["returns"] and zero["chunks"] == now["chunks"]
     # 100 ms at Meta-World's 80 Hz is 8 control steps; a synchronous robot holds 8 steps after each of its 4-action
     # chunks: 16 steps are 4 run, 8 held, 4 run.
-    late = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=2, max_steps=16, num_envs=2, delay_ms=100,
-                             decode_ms=0, out_dir=tmp_path, progress=False)
+    late = evaluate.evaluate(
+        tiny_policy,
+        "metaworld/push-v3",
+        episodes=2,
+        max_steps=16,
+        num_envs=2,
+        delay_ms=100,
+        decode_ms=0,
+        out_dir=tmp_path,
+        progress=False,
+    )
     saved = json.loads((tmp_path / "eval_info.json").read_text())
     assert saved["delay_steps"] == 8 and saved["request"] == "when empty" and saved["held_steps_mean"] == 8
     assert late["provenance"]["config"]["eval"]["delay_ms"] == 100
-    measured = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, max_steps=8, delay_ms=50, ahead=True,
-                                 progress=False)
+    measured = evaluate.evaluate(
+        tiny_policy, "metaworld/push-v3", episodes=1, max_steps=8, delay_ms=50, ahead=True, progress=False
+    )
     assert measured["decode_ms"] > 0 and measured["delay_steps"] == math.ceil((50 + measured["decode_ms"]) * 80 / 1000)
     with pytest.raises(ValueError, match="give --delay-ms too"):
         evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, ahead=True, progress=False)
@@ -175,5 +230,7 @@ def test_evaluation_given_a_training_runs_folder_names_the_policy_inside_it(tiny
     run = Path(tiny_policy).parent
     before = sorted(p.name for p in run.iterdir())
     assert main(["eval", "--policy", str(run), "--episodes", "1"]) != 0
-    assert f"is a training run's folder, not a policy; did you mean --policy {run / 'policy'}?" in capsys.readouterr().err
+    assert (
+        f"is a training run's folder, not a policy; did you mean --policy {run / 'policy'}?" in capsys.readouterr().err
+    )
     assert sorted(p.name for p in run.iterdir()) == before  # nothing written beside the run

@@ -120,7 +120,9 @@ def _trace(queue, steps, chunk_len=6):
 
 
 def test_a_delayed_queue_without_delay_is_the_chunk_queue():
-    assert _trace(DelayedQueue(4, 0), 11) == _trace(ChunkQueue(4), 11) == [0, 1, 2, 3, 400, 401, 402, 403, 800, 801, 802]
+    assert (
+        _trace(DelayedQueue(4, 0), 11) == _trace(ChunkQueue(4), 11) == [0, 1, 2, 3, 400, 401, 402, 403, 800, 801, 802]
+    )
 
 
 def test_a_synchronous_robot_holds_until_the_reply_and_runs_it_from_its_start():

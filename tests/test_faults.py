@@ -10,20 +10,47 @@ import pytest
 from vla import evaluate, train
 from vla.checkpoints import CHECKPOINTS
 from vla.config import TrainConfig, load_config
-from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
+from vla.tokenizer_choice import tokenizer_config
 
 
 def config(root, out, steps=2, **kw) -> TrainConfig:
-    policy = kw.pop("policy", VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, scheduler_warmup_steps=1,
-                                        scheduler_decay_steps=2, device="cpu"))  # fmt: skip
-    return TrainConfig(dataset_root=str(root), output_dir=str(out), tokenizer=tokenizer_config("fast", vocab_size=256),
-                       policy=policy, steps=steps, batch_size=4, save_every=2, log_every=1, progress=False, **kw)  # fmt: skip
+    policy = kw.pop(
+        "policy",
+        VLAConfig(
+            preset="micro",
+            time_horizon=4,
+            n_action_steps=2,
+            scheduler_warmup_steps=1,
+            scheduler_decay_steps=2,
+            device="cpu",
+        ),
+    )
+    return TrainConfig(
+        dataset_root=str(root),
+        output_dir=str(out),
+        tokenizer=tokenizer_config("fast", vocab_size=256),
+        policy=policy,
+        steps=steps,
+        batch_size=4,
+        save_every=2,
+        log_every=1,
+        progress=False,
+        **kw,
+    )
 
 
 def test_a_diverged_run_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny_dataset_root, tmp_path):
-    policy = VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, optimizer_lr=1e9, scheduler_decay_lr=1e9,
-                       optimizer_grad_clip_norm=1e9, scheduler_warmup_steps=0, device="cpu")  # fmt: skip
+    policy = VLAConfig(
+        preset="micro",
+        time_horizon=4,
+        n_action_steps=2,
+        optimizer_lr=1e9,
+        scheduler_decay_lr=1e9,
+        optimizer_grad_clip_norm=1e9,
+        scheduler_warmup_steps=0,
+        device="cpu",
+    )
     with pytest.raises(train.Diverged, match=r"diverged at step \d+.*last good checkpoint"):
         train.main(config(tiny_dataset_root, tmp_path, steps=6, policy=policy))
     assert not (tmp_path / "policy").exists()  # no policy with NaN weights was saved
@@ -41,8 +68,15 @@ def test_a_run_folder_is_one_run(tiny_dataset_root, tmp_path):
     before = (tmp_path / "train_config.json").read_text()
     with pytest.raises(ValueError, match="cannot change mid-run.*seed: 0 -> 1"):
         train.main(config(tiny_dataset_root, tmp_path, steps=4, seed=1, resume=True))
-    lr = VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, scheduler_warmup_steps=1, scheduler_decay_steps=2,
-                   optimizer_lr=1e-2, device="cpu")  # fmt: skip
+    lr = VLAConfig(
+        preset="micro",
+        time_horizon=4,
+        n_action_steps=2,
+        scheduler_warmup_steps=1,
+        scheduler_decay_steps=2,
+        optimizer_lr=1e-2,
+        device="cpu",
+    )
     with pytest.raises(ValueError, match="policy.optimizer_lr"):
         train.main(config(tiny_dataset_root, tmp_path, steps=4, resume=True, policy=lr))
     assert (tmp_path / "train_config.json").read_text() == before  # a refused resume rewrites nothing
@@ -118,8 +152,10 @@ def test_a_folder_with_non_finite_weights_is_refused(saved_policy, tmp_path):
 
     folder = copy_of(saved_policy, tmp_path)
     weights = load_file(str(folder / "model.safetensors"))
-    save_file({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in weights.items()},
-              str(folder / "model.safetensors"))  # fmt: skip
+    save_file(
+        {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in weights.items()},
+        str(folder / "model.safetensors"),
+    )
     with pytest.raises(ValueError, match="NaN or inf in .* tensors.*diverged"):
         VLAPolicy.from_pretrained(folder)
 
@@ -174,23 +210,29 @@ def test_nan_in_a_datasets_actions_is_named_by_episode_and_frame(tiny_dataset_ro
     table = table.set_column(index, table.schema.field(index), pa.array(actions, type=table.schema.field(index).type))
     pq.write_table(table, path)
     assert main(["data", "info", str(root)]) == 0
-    assert "'action' holds NaN or inf: 1 values in 1 frames, the first in episode 1 at frame 7" in capsys.readouterr().out
+    assert (
+        "'action' holds NaN or inf: 1 values in 1 frames, the first in episode 1 at frame 7" in capsys.readouterr().out
+    )
     with pytest.raises(ValueError, match="episode 1 at frame 7. Fix or drop those frames"):
         train.main(config(root, tmp_path / "run"))
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_images_with_nan_are_refused_naming_the_camera():
+    import action_tokenizers as at
     import torch
 
-    import action_tokenizers as at
     from tests.conftest import D, T, fitted_tokenizers
     from vla.policy import VLAPolicy
 
     cam = "observation.images.front"
     config = VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, image_keys=[cam], device="cpu", init_seed=0)
-    policy = VLAPolicy(config, action_tokenizer=fitted_tokenizers()["bin"], action_normalizer=at.Normalizer.identity(D),
-                       state_normalizer=at.Normalizer.identity(2))  # fmt: skip
+    policy = VLAPolicy(
+        config,
+        action_tokenizer=fitted_tokenizers()["bin"],
+        action_normalizer=at.Normalizer.identity(D),
+        state_normalizer=at.Normalizer.identity(2),
+    )
     image = torch.rand(1, 3, 16, 16)
     image[0, 1, 3, 3] = float("nan")
     with pytest.raises(ValueError, match="observation.images.front'\\] holds NaN or inf; check the camera"):

@@ -22,8 +22,15 @@ def copy_with_info(src: Path, dst: Path, **fields) -> Path:
 
 
 def train_args(root: Path, out: Path) -> list[str]:
-    return ["train", f"--dataset_root={root}", f"--output_dir={out}", "--steps=1", "--policy.preset=micro",
-            "--policy.device=cpu", "--progress=false"]  # fmt: skip
+    return [
+        "train",
+        f"--dataset_root={root}",
+        f"--output_dir={out}",
+        "--steps=1",
+        "--policy.preset=micro",
+        "--policy.device=cpu",
+        "--progress=false",
+    ]
 
 
 def one_line_error(capsys, command: str) -> str:
@@ -39,15 +46,20 @@ def test_a_bad_fps_is_named_with_its_file_and_the_fix(tiny_dataset_root, tmp_pat
     for command, args in (("train", train_args(root, tmp_path / "run")), ("data", ["data", "info", str(root)])):
         assert main(args) == 1
         line = one_line_error(capsys, command)
-        assert f"{root / 'meta' / 'info.json'}: \"fps\" is {shown}; it must be the recording rate, a positive whole " \
-               "number of frames per second (e.g. 30). Fix the file or download or record the dataset again" in line
+        assert (
+            f'{root / "meta" / "info.json"}: "fps" is {shown}; it must be the recording rate, a positive whole '
+            "number of frames per second (e.g. 30). Fix the file or download or record the dataset again" in line
+        )
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("features", [], '"features" is []; it must be an object naming each feature'),
-    ("robot_type", 7, '"robot_type" is 7; it must be a string or absent'),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("features", [], '"features" is []; it must be an object naming each feature'),
+        ("robot_type", 7, '"robot_type" is 7; it must be a string or absent'),
+    ],
+)
 def test_other_bad_fields_name_the_field(tiny_dataset_root, tmp_path, capsys, field, value, message):
     root = copy_with_info(tiny_dataset_root, tmp_path / "ds", **{field: value})
     assert main(train_args(root, tmp_path / "run")) == 1
@@ -61,7 +73,9 @@ def test_a_bad_shape_is_named(tiny_dataset_root, tmp_path, capsys):
     info["features"]["action"]["shape"] = [0]
     path.write_text(json.dumps(info))
     assert main(["data", "info", str(root)]) == 1
-    assert '"features.action.shape" is [0]; it must be a list of positive whole numbers' in one_line_error(capsys, "data")
+    assert '"features.action.shape" is [0]; it must be a list of positive whole numbers' in one_line_error(
+        capsys, "data"
+    )
 
 
 def test_a_truncated_data_file_says_to_download_again_and_info_names_its_episodes(tiny_dataset_root, tmp_path, capsys):
@@ -119,11 +133,21 @@ def test_a_task_index_missing_from_the_task_table_is_refused_before_training(tin
     root = shutil.copytree(tiny_dataset_root, tmp_path / "ds")
     data = sorted((root / "data").glob("*/*.parquet"))[0]
     rewrite_parquet(data, task_index=lambda t: t + 3 * (np.arange(len(t)) >= 198))  # episode 3: task_index 3
-    refused_everywhere(root, tmp_path, capsys, f"{root}: the data's task_index 3 (episodes 3) names no task: "
-                       "meta/tasks.parquet lists task_index 0..0; restore meta/tasks.parquet or download or record")
+    refused_everywhere(
+        root,
+        tmp_path,
+        capsys,
+        f"{root}: the data's task_index 3 (episodes 3) names no task: "
+        "meta/tasks.parquet lists task_index 0..0; restore meta/tasks.parquet or download or record",
+    )
     (root / "meta" / "tasks.parquet").unlink()
-    refused_everywhere(root, tmp_path, capsys, f"{root}: the data's task_index 0, 3 (episodes 0-3) names no task: "
-                       "meta/tasks.parquet is missing; restore meta/tasks.parquet")
+    refused_everywhere(
+        root,
+        tmp_path,
+        capsys,
+        f"{root}: the data's task_index 0, 3 (episodes 0-3) names no task: "
+        "meta/tasks.parquet is missing; restore meta/tasks.parquet",
+    )
 
 
 def test_an_episode_table_length_that_disagrees_with_the_data_is_refused(tiny_dataset_root, tmp_path, capsys):
@@ -131,8 +155,13 @@ def test_an_episode_table_length_that_disagrees_with_the_data_is_refused(tiny_da
     root = shutil.copytree(tiny_dataset_root, tmp_path / "ds")
     table = sorted((root / "meta" / "episodes").glob("*/*.parquet"))[0]
     rewrite_parquet(table, length=lambda n: np.where(np.arange(len(n)) == 0, 20, n))
-    refused_everywhere(root, tmp_path, capsys, f"{root}: meta/episodes says episode 0 has 20 frames but the data "
-                       "holds 64; the episode table does not match the data: download or record the dataset again")
+    refused_everywhere(
+        root,
+        tmp_path,
+        capsys,
+        f"{root}: meta/episodes says episode 0 has 20 frames but the data "
+        "holds 64; the episode table does not match the data: download or record the dataset again",
+    )
 
 
 def test_an_episode_whose_timestamps_are_all_equal_is_flagged(tiny_dataset_root, tmp_path, capsys):
@@ -141,8 +170,10 @@ def test_an_episode_whose_timestamps_are_all_equal_is_flagged(tiny_dataset_root,
     rewrite_parquet(data, timestamp=lambda t: np.where((np.arange(len(t)) >= 64) & (np.arange(len(t)) < 132), 0, t))
     assert main(["data", "info", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "WARNING: episodes 1: every frame has the same timestamp (0 s) instead of frame_index / fps (0.0125 s " \
-           "apart), so frames found by time (LeRobot's reader, videos) would all be the first" in out
+    assert (
+        "WARNING: episodes 1: every frame has the same timestamp (0 s) instead of frame_index / fps (0.0125 s "
+        "apart), so frames found by time (LeRobot's reader, videos) would all be the first" in out
+    )
     from vla.data.torch_dataset import ActionChunkDataset
 
     with pytest.raises(ValueError, match=r"episodes 1: every frame has the same timestamp \(0 s\)"):

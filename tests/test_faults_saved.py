@@ -7,13 +7,13 @@ import json
 import shutil
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
+from action_tokenizers.synthetic import smooth_chunks
 from safetensors.torch import load_file, save_file
 
-import action_tokenizers as at
-from action_tokenizers.synthetic import smooth_chunks
 from vla import train
 from vla.cli import main
 from vla.policy import VLAConfig, VLAPolicy

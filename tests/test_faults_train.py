@@ -14,13 +14,25 @@ import pytest
 from vla import checkpoints, train
 from vla.checkpoints import CHECKPOINTS
 from vla.cli import main
-from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig
+from vla.tokenizer_choice import tokenizer_config
 
-MICRO = ["--policy.preset=micro", "--policy.time_horizon=4", "--policy.n_action_steps=2", "--policy.n_obs_steps=1",
-         "--policy.scheduler_warmup_steps=1", "--policy.scheduler_decay_steps=4", "--policy.device=cpu",
-         "--tokenizer.type=fast", "--tokenizer.vocab_size=256", "--heldout_episodes=0", "--batch_size=4",
-         "--save_every=2", "--log_every=1", "--progress=false"]  # fmt: skip
+MICRO = [
+    "--policy.preset=micro",
+    "--policy.time_horizon=4",
+    "--policy.n_action_steps=2",
+    "--policy.n_obs_steps=1",
+    "--policy.scheduler_warmup_steps=1",
+    "--policy.scheduler_decay_steps=4",
+    "--policy.device=cpu",
+    "--tokenizer.type=fast",
+    "--tokenizer.vocab_size=256",
+    "--heldout_episodes=0",
+    "--batch_size=4",
+    "--save_every=2",
+    "--log_every=1",
+    "--progress=false",
+]
 
 
 def vla_train(root, out, steps, *extra) -> list[str]:
@@ -68,10 +80,16 @@ def test_resume_accepts_its_own_paths_spelled_differently(tiny_dataset_root, tmp
 @pytest.fixture(scope="module")
 def saved_policy(tiny_dataset_root, tmp_path_factory):
     cfg = train.TrainConfig(
-        dataset_root=str(tiny_dataset_root), output_dir=str(tmp_path_factory.mktemp("saved")),
-        tokenizer=tokenizer_config("fast", vocab_size=256), steps=2, batch_size=4, save_every=2, log_every=1,
-        progress=False, policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"),
-    )  # fmt: skip
+        dataset_root=str(tiny_dataset_root),
+        output_dir=str(tmp_path_factory.mktemp("saved")),
+        tokenizer=tokenizer_config("fast", vocab_size=256),
+        steps=2,
+        batch_size=4,
+        save_every=2,
+        log_every=1,
+        progress=False,
+        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"),
+    )
     return train.main(cfg)["policy_path"]
 
 
@@ -83,14 +101,24 @@ def broken_copy(saved_policy, tmp_path, text: str | None = None, **fields):
     return folder
 
 
-@pytest.mark.parametrize(("fields", "text", "expected"), [
-    ({"time_horizon": "ten"}, None, 'config.json: time_horizon = "ten" is not an integer or null; set it to an integer'),
-    ({"text_words": 3}, None, "config.json: text_words = 3 is not a list of strings"),
-    ({"time_horizon": 0}, None, "config.json: VLAConfig.time_horizon = 0 is invalid: use a positive number"),
-    ({"time_horzon": 4}, None, "config.json has a field VLAConfig does not know: 'time_horzon'; did you mean "
-                               "'time_horizon'?; remove it"),
-    ({}, "", "config.json is not valid JSON (Expecting value: line 1 column 1 (char 0)); save it again"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fields", "text", "expected"),
+    [
+        (
+            {"time_horizon": "ten"},
+            None,
+            'config.json: time_horizon = "ten" is not an integer or null; set it to an integer',
+        ),
+        ({"text_words": 3}, None, "config.json: text_words = 3 is not a list of strings"),
+        ({"time_horizon": 0}, None, "config.json: VLAConfig.time_horizon = 0 is invalid: use a positive number"),
+        (
+            {"time_horzon": 4},
+            None,
+            "config.json has a field VLAConfig does not know: 'time_horzon'; did you mean 'time_horizon'?; remove it",
+        ),
+        ({}, "", "config.json is not valid JSON (Expecting value: line 1 column 1 (char 0)); save it again"),
+    ],
+)
 def test_a_broken_policy_config_names_the_file_and_the_field(saved_policy, tmp_path, capsys, fields, text, expected):
     folder = broken_copy(saved_policy, tmp_path, text, **fields)
     before = snapshot(folder)
@@ -111,15 +139,21 @@ def test_processor_steps_are_refused_for_what_is_wrong_with_them(saved_policy, t
     # LeRobot's own normaliser names are there, as identity, for lerobot-train --policy.path (test_lerobot.py)
     assert names[2:4] == ["normalizer_processor", "vla_normalizer_processor"]
     cases = [
-        ({**pipeline["steps"][0], "class": "os.system"},
-         "step 0 ('rename_observations_processor') carries a 'class' entry ('os.system'), which a VLA policy never "
-         "writes: loading the folder through LeRobot would import and run that code"),
+        (
+            {**pipeline["steps"][0], "class": "os.system"},
+            "step 0 ('rename_observations_processor') carries a 'class' entry ('os.system'), which a VLA policy never "
+            "writes: loading the folder through LeRobot would import and run that code",
+        ),
         ({"class": "subprocess.getoutput", "config": {"cmd": "id"}}, "would import and run that code"),
-        ({**pipeline["steps"][1], "hook": "x"}, "step 0 ('to_batch_processor') carries 'hook', which a VLA policy "
-                                                "never writes"),
-        ({**pipeline["steps"][2], "config": {**pipeline["steps"][2]["config"], "norm_map": {"STATE": "MEAN_STD"}}},
-         "step 0 ('normalizer_processor') is LeRobot's normaliser with norm_map {'STATE': 'MEAN_STD'}"),
-    ]  # fmt: skip
+        (
+            {**pipeline["steps"][1], "hook": "x"},
+            "step 0 ('to_batch_processor') carries 'hook', which a VLA policy never writes",
+        ),
+        (
+            {**pipeline["steps"][2], "config": {**pipeline["steps"][2]["config"], "norm_map": {"STATE": "MEAN_STD"}}},
+            "step 0 ('normalizer_processor') is LeRobot's normaliser with norm_map {'STATE': 'MEAN_STD'}",
+        ),
+    ]
     for step, expected in cases:
         path.write_text(json.dumps({**pipeline, "steps": [step]}))
         before = snapshot(folder)
@@ -130,8 +164,9 @@ def test_processor_steps_are_refused_for_what_is_wrong_with_them(saved_policy, t
 
 
 # --- 3. full disk, Ctrl-C, a run that saved nothing, an output path that cannot be a folder ------------------------
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tiny_dataset_root, tmp_path, monkeypatch,
-                                                                       capsys):  # fmt: skip
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(
+    tiny_dataset_root, tmp_path, monkeypatch, capsys
+):
     real = checkpoints.save_file
 
     def save_file(tensors, filename, *args, **kwargs):
@@ -167,8 +202,10 @@ def test_ctrl_c_says_where_the_run_stands_and_the_advice_works(tiny_dataset_root
     run = tmp_path / "run"
     assert main(vla_train(tiny_dataset_root, run, 6)) == 130
     err = one_line_error(capsys, "train")
-    assert err == (f"vla train: stopped at step 3 (Ctrl-C); the last checkpoint is step 2 ({run}/checkpoints/"
-                   "step_0000002): resume with --resume=true (step 3 is redone)")  # fmt: skip
+    assert err == (
+        f"vla train: stopped at step 3 (Ctrl-C); the last checkpoint is step 2 ({run}/checkpoints/"
+        "step_0000002): resume with --resume=true (step 3 is redone)"
+    )
     assert checkpoint_steps(run) == ["last.json", "step_0000002"]
     calls.update(n=0, stop_at=0)
     assert main(vla_train(tiny_dataset_root, run, 6, "--resume=true")) == 0
@@ -180,8 +217,10 @@ def test_ctrl_c_says_where_the_run_stands_and_the_advice_works(tiny_dataset_root
     fresh = tmp_path / "fresh"
     assert main(vla_train(tiny_dataset_root, fresh, 6)) == 130
     err = one_line_error(capsys, "train")
-    assert err == (f"vla train: stopped at step 1 (Ctrl-C), before the first checkpoint (every 2 steps), so no "
-                   f"checkpoint was written; the same command starts the run again in {fresh}")  # fmt: skip
+    assert err == (
+        f"vla train: stopped at step 1 (Ctrl-C), before the first checkpoint (every 2 steps), so no "
+        f"checkpoint was written; the same command starts the run again in {fresh}"
+    )
     calls.update(n=0, stop_at=0)
     assert main(vla_train(tiny_dataset_root, fresh, 6)) == 0
     out = capsys.readouterr().out
@@ -190,8 +229,13 @@ def test_ctrl_c_says_where_the_run_stands_and_the_advice_works(tiny_dataset_root
 
 def test_a_run_that_diverged_before_its_first_checkpoint_starts_again_in_place(tiny_dataset_root, tmp_path, capsys):
     run = tmp_path / "run"
-    wild = ["--policy.optimizer_lr=1e9", "--policy.scheduler_decay_lr=1e9", "--policy.optimizer_grad_clip_norm=1e9",
-            "--policy.scheduler_warmup_steps=0", "--save_every=50"]  # fmt: skip
+    wild = [
+        "--policy.optimizer_lr=1e9",
+        "--policy.scheduler_decay_lr=1e9",
+        "--policy.optimizer_grad_clip_norm=1e9",
+        "--policy.scheduler_warmup_steps=0",
+        "--save_every=50",
+    ]
     assert main(vla_train(tiny_dataset_root, run, 6, *wild)) == 1
     err = one_line_error(capsys, "train")
     assert "diverged at step" in err and "the last good checkpoint is none" in err
@@ -204,12 +248,15 @@ def test_a_run_that_diverged_before_its_first_checkpoint_starts_again_in_place(t
     assert "already holds a run" in one_line_error(capsys, "train")
 
 
-def test_an_output_dir_that_cannot_be_a_folder_is_named_before_any_work(tiny_dataset_root, tmp_path, monkeypatch,
-                                                                          capsys):  # fmt: skip
+def test_an_output_dir_that_cannot_be_a_folder_is_named_before_any_work(
+    tiny_dataset_root, tmp_path, monkeypatch, capsys
+):
     a_file = tmp_path / "notes.txt"
     a_file.write_text("keep me\n")
-    cases = [(a_file / "run", f"--output_dir {a_file / 'run'} cannot be created: {a_file} is a file, not a folder"),
-             (a_file, f"--output_dir {a_file} is a file, not a folder; choose another --output_dir")]  # fmt: skip
+    cases = [
+        (a_file / "run", f"--output_dir {a_file / 'run'} cannot be created: {a_file} is a file, not a folder"),
+        (a_file, f"--output_dir {a_file} is a file, not a folder; choose another --output_dir"),
+    ]
     for out, expected in cases:
         assert main(vla_train(tiny_dataset_root, out, 2)) == 1
         assert expected in one_line_error(capsys, "train")

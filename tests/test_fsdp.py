@@ -56,10 +56,10 @@ def test_fsdp_config_parses_into_accelerates_plugin():
 
 def test_wrap_classes_are_the_3b_policys_layers(gemma_like_dir):
     """Every class named exists in transformers and in the model the 3B config builds, as many times as it has layers."""
+    import action_tokenizers as at
     import transformers.models.gemma.modeling_gemma as gemma
     import transformers.models.siglip.modeling_siglip as siglip
 
-    import action_tokenizers as at
     from vla.config import load_config
     from vla.model.presets import get_preset
     from vla.policy import VLAPolicy
@@ -74,10 +74,13 @@ def test_wrap_classes_are_the_3b_policys_layers(gemma_like_dir):
     chunks = np.random.default_rng(0).standard_normal((64, horizon, dim))
     config = dataclasses.replace(cfg.policy, backbone_path=None, action_dim=dim, state_dim=state_dim, device="cpu")
     with torch.device("meta"):  # the real 3B shape, nothing allocated
-        policy = VLAPolicy(config, action_tokenizer=at.BinningTokenizer.fit(chunks, n_bins=256),
-                           action_normalizer=at.Normalizer.fit(chunks),
-                           state_normalizer=at.Normalizer.fit(np.zeros((4, state_dim)) + np.arange(4)[:, None]),
-                           text_tokenizer_dir=gemma_like_dir)  # fmt: skip
+        policy = VLAPolicy(
+            config,
+            action_tokenizer=at.BinningTokenizer.fit(chunks, n_bins=256),
+            action_normalizer=at.Normalizer.fit(chunks),
+            state_normalizer=at.Normalizer.fit(np.zeros((4, state_dim)) + np.arange(4)[:, None]),
+            text_tokenizer_dir=gemma_like_dir,
+        )
     assert all(p.is_meta for p in policy.parameters())
     assert 2.8e9 < sum(p.numel() for p in policy.parameters()) < 3.1e9  # PaliGemma 3B (tied LM head counted once)
 
@@ -101,8 +104,9 @@ def test_a_wrong_class_name_is_refused():
     from accelerate.utils import FullyShardedDataParallelPlugin
     from torch import nn
 
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP",
-                                            transformer_cls_names_to_wrap=["GemmaDecoderLayr"])  # fmt: skip
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP", transformer_cls_names_to_wrap=["GemmaDecoderLayr"]
+    )
     with pytest.raises(ValueError, match="GemmaDecoderLayr"):
         plugin.set_auto_wrap_policy(nn.Sequential(nn.Linear(2, 2)))
 
@@ -117,7 +121,9 @@ def test_vla_train_refuses_fsdp_until_its_checkpoints_gather(monkeypatch, tmp_pa
     from vla.policy import VLAConfig
 
     monkeypatch.setattr(accelerate.Accelerator, "distributed_type", property(lambda self: DistributedType.FSDP))
-    cfg = TrainConfig(dataset_root=str(tmp_path / "none"), output_dir=str(tmp_path / "run"), policy=VLAConfig(device="cpu"))
+    cfg = TrainConfig(
+        dataset_root=str(tmp_path / "none"), output_dir=str(tmp_path / "run"), policy=VLAConfig(device="cpu")
+    )
     with pytest.raises(ValueError, match="cannot save FSDP-sharded runs yet"):
         train.main(cfg)
     assert not (tmp_path / "run").exists()
@@ -174,9 +180,33 @@ def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
     import json
 
     out = tmp_path / "gpu_check.json"
-    assert gpu_check().main(["--device", "cpu", "--shapes", "small", "--batch-small", "1", "--warmup", "0",
-                             "--steps", "1", "--decode-presets", "micro", "--decode-reps", "1", "--decode-warmup", "0",
-                             "--peak-tflops", "1", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        gpu_check().main(
+            [
+                "--device",
+                "cpu",
+                "--shapes",
+                "small",
+                "--batch-small",
+                "1",
+                "--warmup",
+                "0",
+                "--steps",
+                "1",
+                "--decode-presets",
+                "micro",
+                "--decode-reps",
+                "1",
+                "--decode-warmup",
+                "0",
+                "--peak-tflops",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     (train,) = result["train"]
     assert train["shape"] == "small" and train["samples_per_s"] > 0 and np.isfinite(train["final_loss"])

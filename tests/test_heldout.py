@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from vla import train
-from vla.data import columns, reader
-from vla.config import TrainConfig, resolve_action_state
-from vla.tokenizer_choice import tokenizer_config
-from vla.heldout import Heldout
-from vla.policy.pipeline import AbsoluteActions, RelativeActions, run
-from vla.policy import VLAConfig, VLAPolicy
 from tests.conftest import assert_plot
+from vla import train
+from vla.config import TrainConfig, resolve_action_state
+from vla.data import columns, reader
+from vla.heldout import Heldout
+from vla.policy import VLAConfig, VLAPolicy
+from vla.policy.pipeline import AbsoluteActions, RelativeActions, run
+from vla.tokenizer_choice import tokenizer_config
 
 EPISODES, FRAMES, T = 6, 16, 4
 ACTION_NAMES = ["j1.pos", "j2.pos", "gripper.pos"]
@@ -56,7 +56,9 @@ def arm_root(tmp_path_factory) -> Path:
 
 def resolved(root: Path, **policy) -> VLAConfig:
     info = reader.dataset_info(root)
-    return resolve_action_state(VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu", **policy), info)
+    return resolve_action_state(
+        VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu", **policy), info
+    )
 
 
 def test_state_dims_are_matched_by_name_and_auto_keeps_grippers_absolute(arm_root):
@@ -116,12 +118,28 @@ def test_hold_state_is_not_defined_when_the_state_does_not_match(arm_root):
 
 def test_relative_training_predicts_absolute_chunks_and_reports(arm_root, tmp_path):
     cfg = TrainConfig(
-        dataset_root=str(arm_root), output_dir=str(tmp_path), tokenizer=tokenizer_config("fast", vocab_size=256),
-        policy=VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, scheduler_warmup_steps=1,
-                         scheduler_decay_steps=4, device="cpu", relative_actions="auto"),
-        heldout_episodes=0.34, steps=4, batch_size=4, save_every=100, log_every=1, eval_every=2, eval_chunks=8,
-        report_chunks=16, progress=False,
-    )  # fmt: skip
+        dataset_root=str(arm_root),
+        output_dir=str(tmp_path),
+        tokenizer=tokenizer_config("fast", vocab_size=256),
+        policy=VLAConfig(
+            preset="micro",
+            time_horizon=T,
+            n_action_steps=2,
+            scheduler_warmup_steps=1,
+            scheduler_decay_steps=4,
+            device="cpu",
+            relative_actions="auto",
+        ),
+        heldout_episodes=0.34,
+        steps=4,
+        batch_size=4,
+        save_every=100,
+        log_every=1,
+        eval_every=2,
+        eval_chunks=8,
+        report_chunks=16,
+        progress=False,
+    )
     summary = train.main(cfg)
     policy = VLAPolicy.from_pretrained(summary["policy_path"])
     assert policy.config.relative_actions == [True, True, False] and policy.config.action_state_dims == [2, 0, 3]
@@ -168,10 +186,14 @@ def test_relative_actions_with_an_absolute_pretrained_tokenizer_is_refused(arm_r
     from vla.fit import fit_tokenizer
 
     fit_tokenizer(arm_root, tmp_path / "tok", "fast:vocab_size=256", time_horizon=T, log=lambda *_: None)
-    cfg = TrainConfig(dataset_root=str(arm_root), output_dir=str(tmp_path / "run"),
-                      tokenizer=tokenizer_config("fast", vocab_size=256, pretrained_path=str(tmp_path / "tok")),
-                      policy=VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu",
-                                       relative_actions="auto"), steps=1, progress=False)  # fmt: skip
+    cfg = TrainConfig(
+        dataset_root=str(arm_root),
+        output_dir=str(tmp_path / "run"),
+        tokenizer=tokenizer_config("fast", vocab_size=256, pretrained_path=str(tmp_path / "tok")),
+        policy=VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu", relative_actions="auto"),
+        steps=1,
+        progress=False,
+    )
     with pytest.raises(ValueError, match="fitted on absolute actions"):
         train.main(cfg)
 
@@ -188,12 +210,28 @@ def test_bad_relative_settings_say_what_to_do():
 def test_heldout_measurement_with_a_camera(tiny_image_dataset_root, tmp_path):
     """Cameras travel with the held-out observations into decoding and the teacher-forced loss."""
     cfg = TrainConfig(
-        dataset_root=str(tiny_image_dataset_root), output_dir=str(tmp_path), tokenizer=tokenizer_config("fast", vocab_size=256),
-        policy=VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, scheduler_warmup_steps=1,
-                         scheduler_decay_steps=2, device="cpu", image_keys=["observation.images.corner2"]),
-        heldout_episodes=0.5, steps=2, batch_size=2, save_every=100, log_every=1, eval_every=2, eval_chunks=4,
-        report_chunks=4, progress=False,
-    )  # fmt: skip
+        dataset_root=str(tiny_image_dataset_root),
+        output_dir=str(tmp_path),
+        tokenizer=tokenizer_config("fast", vocab_size=256),
+        policy=VLAConfig(
+            preset="micro",
+            time_horizon=T,
+            n_action_steps=2,
+            scheduler_warmup_steps=1,
+            scheduler_decay_steps=2,
+            device="cpu",
+            image_keys=["observation.images.corner2"],
+        ),
+        heldout_episodes=0.5,
+        steps=2,
+        batch_size=2,
+        save_every=100,
+        log_every=1,
+        eval_every=2,
+        eval_chunks=4,
+        report_chunks=4,
+        progress=False,
+    )
     train.main(cfg)
     report = json.loads((tmp_path / "offline_report.json").read_text())
     assert report["n_chunks"] == 4 and np.isfinite(report["policy"]["loss"]) and report["policy"]["valid_rate"] == 1.0

@@ -11,13 +11,13 @@ import torch
 from lerobot.utils.constants import OBS_STATE
 
 from vla import train
-from vla.data import columns, reader
 from vla.config import TrainConfig
-from vla.tokenizer_choice import tokenizer_config
+from vla.data import columns, reader
 from vla.data.torch_dataset import ActionChunkDataset
 from vla.evaluate import evaluate
 from vla.policy import VLAConfig, VLAPolicy
 from vla.sim.rollout import run_episodes
+from vla.tokenizer_choice import tokenizer_config
 
 N = 3
 
@@ -42,12 +42,28 @@ def test_both_backends_give_the_last_n_states_with_the_first_repeated(tiny_datas
 def history_policy(tiny_dataset_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("history")
     cfg = TrainConfig(
-        dataset_root=str(tiny_dataset_root), output_dir=str(out), tokenizer=tokenizer_config("fast", vocab_size=256),
-        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, n_obs_steps=N, scheduler_warmup_steps=1,
-                         scheduler_decay_steps=4, device="cpu"),
-        steps=4, batch_size=4, save_every=4, log_every=1, heldout_episodes=0.25, eval_every=2, eval_chunks=8,
-        report_chunks=8, progress=False,
-    )  # fmt: skip
+        dataset_root=str(tiny_dataset_root),
+        output_dir=str(out),
+        tokenizer=tokenizer_config("fast", vocab_size=256),
+        policy=VLAConfig(
+            preset="micro",
+            time_horizon=4,
+            n_action_steps=2,
+            n_obs_steps=N,
+            scheduler_warmup_steps=1,
+            scheduler_decay_steps=4,
+            device="cpu",
+        ),
+        steps=4,
+        batch_size=4,
+        save_every=4,
+        log_every=1,
+        heldout_episodes=0.25,
+        eval_every=2,
+        eval_chunks=8,
+        report_chunks=8,
+        progress=False,
+    )
     result = train.main(cfg)
     return VLAPolicy.from_pretrained(result["policy_path"]).eval(), out
 
@@ -134,5 +150,9 @@ def test_the_prefix_reads_the_current_state_and_its_scaled_changes(history_polic
     np.testing.assert_allclose(out[0, s : 2 * s], 1.0 * scale)  # since the previous frame
     np.testing.assert_allclose(out[0, 2 * s :], 3.0 * scale)  # since the oldest
     with pytest.raises(ValueError, match="state_delta_scale has 2 values"):
-        VLAPolicy(dataclasses.replace(policy.config, state_delta_scale=[1.0, 2.0]), action_tokenizer=policy.action_tokenizer,
-                  action_normalizer=policy.action_normalizer, state_normalizer=policy.state_normalizer)
+        VLAPolicy(
+            dataclasses.replace(policy.config, state_delta_scale=[1.0, 2.0]),
+            action_tokenizer=policy.action_tokenizer,
+            action_normalizer=policy.action_normalizer,
+            state_normalizer=policy.state_normalizer,
+        )

@@ -9,15 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
 
-import action_tokenizers as at
-from vla.data.reader import dataset_info
 from vla.data.columns import action_chunks
-from vla.policy import VLAConfig, VLAPolicy
+from vla.data.reader import dataset_info
 from vla.data.stats import frame_stats
+from vla.policy import VLAConfig, VLAPolicy
 
 REPO = Path(__file__).parents[1]
 CAM = "observation.images.corner2"
@@ -37,9 +37,12 @@ def camera_policy(tiny_image_dataset_root):
     action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
     chunks, _ = action_chunks(info, 4)
     config = VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, image_keys=[CAM], device="cpu", init_seed=0)
-    return VLAPolicy(config, action_tokenizer=at.get_tokenizer_class("bin").fit(action_norm.normalize(chunks)),
-                     action_normalizer=action_norm,
-                     state_normalizer=at.Normalizer.from_stats(stats["observation.state"], "quantile")).eval()  # fmt: skip
+    return VLAPolicy(
+        config,
+        action_tokenizer=at.get_tokenizer_class("bin").fit(action_norm.normalize(chunks)),
+        action_normalizer=action_norm,
+        state_normalizer=at.Normalizer.from_stats(stats["observation.state"], "quantile"),
+    ).eval()
 
 
 def test_a_policy_with_a_working_tower_reads_its_camera(camera_policy, tiny_image_dataset_root):
@@ -52,9 +55,12 @@ def test_a_policy_with_a_working_tower_reads_its_camera(camera_policy, tiny_imag
 
 
 def test_a_blind_tower_is_caught(camera_policy, tiny_image_dataset_root):
-    blind = VLAPolicy(camera_policy.config, action_tokenizer=camera_policy.action_tokenizer,
-                      action_normalizer=camera_policy.action_normalizer,
-                      state_normalizer=camera_policy.state_normalizer).eval()  # fmt: skip
+    blind = VLAPolicy(
+        camera_policy.config,
+        action_tokenizer=camera_policy.action_tokenizer,
+        action_normalizer=camera_policy.action_normalizer,
+        state_normalizer=camera_policy.state_normalizer,
+    ).eval()
     with torch.no_grad():
         projector = blind.model.backbone.model.multi_modal_projector.linear
         projector.weight.zero_()  # every image token is the bias: the collapse the README describes
@@ -69,8 +75,21 @@ def test_a_blind_tower_is_caught(camera_policy, tiny_image_dataset_root):
 def test_the_command_writes_its_json(camera_policy, tiny_image_dataset_root, tmp_path):
     camera_policy.save_pretrained(tmp_path / "policy")
     out = tmp_path / "use.json"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "image_use.py"), "--policy", str(tmp_path / "policy"),
-                           "--dataset", str(tiny_image_dataset_root), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "image_use.py"),
+            "--policy",
+            str(tmp_path / "policy"),
+            "--dataset",
+            str(tiny_image_dataset_root),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(out.read_text())["policy"] == str(tmp_path / "policy")

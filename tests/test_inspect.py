@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 
-import action_tokenizers as at
 from tests.conftest import D, T, assert_plot, fitted_tokenizers
 from vla.policy import VLAConfig, VLAPolicy
 
@@ -13,11 +13,21 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def policy(name: str, state_dim: int = 4, tokenizer: at.ActionTokenizer | None = None) -> VLAPolicy:
-    config = VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu", init_seed=0,
-                       text_words=["Task:", ", State:", ";\n", "Action: ", " push"])  # fmt: skip
+    config = VLAConfig(
+        preset="micro",
+        time_horizon=T,
+        n_action_steps=2,
+        device="cpu",
+        init_seed=0,
+        text_words=["Task:", ", State:", ";\n", "Action: ", " push"],
+    )
     tokenizer = tokenizer or fitted_tokenizers()[name]
-    return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=at.Normalizer.identity(tokenizer.action_dim),
-                     state_normalizer=at.Normalizer.identity(state_dim))  # fmt: skip
+    return VLAPolicy(
+        config,
+        action_tokenizer=tokenizer,
+        action_normalizer=at.Normalizer.identity(tokenizer.action_dim),
+        state_normalizer=at.Normalizer.identity(state_dim),
+    )
 
 
 @pytest.mark.parametrize("name", ["fast", "bin"])
@@ -53,18 +63,36 @@ def test_token_kinds_mark_padding_and_the_mask_hides_it(tmp_path):
 
 
 def test_inspect_on_a_dataset_sample_through_the_cli(tiny_dataset_root, tmp_path, capsys):
-    from vla.cli import main
-
     from action_tokenizers.synthetic import smooth_chunks
+
+    from vla.cli import main
 
     pol = policy("fast", state_dim=39, tokenizer=at.FASTTokenizer.fit(smooth_chunks(200, T, 4), vocab_size=256))
     pol.save_pretrained(tmp_path / "policy")
-    assert main(["inspect", "--policy", str(tmp_path / "policy"), "--dataset", str(tiny_dataset_root),
-                 "--index", "3", "--out", str(tmp_path / "out")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "inspect",
+                "--policy",
+                str(tmp_path / "policy"),
+                "--dataset",
+                str(tiny_dataset_root),
+                "--index",
+                "3",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     assert "wrote layout.png" in capsys.readouterr().out
     assert (tmp_path / "out" / "attention_mask.png").is_file()
-    assert main(["inspect", "--policy", str(tmp_path / "policy"), "--dataset", str(tiny_dataset_root),
-                 "--index", "100000"]) == 1  # fmt: skip
+    assert (
+        main(
+            ["inspect", "--policy", str(tmp_path / "policy"), "--dataset", str(tiny_dataset_root), "--index", "100000"]
+        )
+        == 1
+    )
     assert "outside the dataset" in capsys.readouterr().err
 
 
@@ -80,15 +108,25 @@ def test_the_trace_is_the_policys_own_decoding(name, decoding):
     from vla.policy.pipeline import SEQUENCE, run
 
     base = policy(name)
-    pol = VLAPolicy(dataclasses.replace(base.config, decoding=decoding), action_tokenizer=base.action_tokenizer,
-                    action_normalizer=base.action_normalizer, state_normalizer=base.state_normalizer)  # fmt: skip
+    pol = VLAPolicy(
+        dataclasses.replace(base.config, decoding=decoding),
+        action_tokenizer=base.action_tokenizer,
+        action_normalizer=base.action_normalizer,
+        state_normalizer=base.state_normalizer,
+    )
     pol.eval()
     batch = {"observation.state": torch.zeros(1, 4), "task": ["push"]}
     steps = trace_decoding(pol, batch)
     ids = [s["action_id"] for s in steps if s["action_id"] >= 0]
     prompt = run(pol.pipeline.prompt, batch)
-    gen = generate(pol.model, prompt[SEQUENCE], vocab=pol.vocab, constraint=pol.constraint,
-                   images=prompt.get("images"), max_new_tokens=pol.max_new_tokens)  # fmt: skip
+    gen = generate(
+        pol.model,
+        prompt[SEQUENCE],
+        vocab=pol.vocab,
+        constraint=pol.constraint,
+        images=prompt.get("images"),
+        max_new_tokens=pol.max_new_tokens,
+    )
     assert ids == gen.ids[0]  # tracing changes nothing
     pol.predict_action_chunk(dict(batch))
     assert int(pol.last_decode_info.tokens_per_chunk[0]) == len(ids)

@@ -9,34 +9,56 @@ import logging
 import numpy as np
 import pytest
 import torch
+from action_tokenizers.synthetic import smooth_chunks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vla.model.lean as lean
-from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
 from vla.model.decode import fixed_chunk_length
 from vla.model.prefix_lm import build_model
-from vla.policy.pipeline import TokenizeActions
 from vla.model.sequence import SequenceLayout
 from vla.model.vocab import VocabMap
+from vla.policy.pipeline import TokenizeActions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TASKS = ["pick up the red cube", "push", "open the top drawer please"]
 
 
-def batch_for(name: str, *, cameras: int = 1, state_encoding: str = "text", attention: str = "prefix_lm",
-              decoding: str = "autoregressive", rows: int = 6, seed: int = 0):  # fmt: skip
+def batch_for(
+    name: str,
+    *,
+    cameras: int = 1,
+    state_encoding: str = "text",
+    attention: str = "prefix_lm",
+    decoding: str = "autoregressive",
+    rows: int = 6,
+    seed: int = 0,
+):
     """A micro model and a right-padded training batch (rows of different lengths)."""
     tok = fitted_tokenizers()[name]
     vocab = VocabMap.compact(tok.vocab_size)
     embedding = state_encoding == "embedding"
     slots = fixed_chunk_length(tok.constraint(time_horizon=T, action_dim=D)) if decoding == "parallel" else 0
-    model = build_model("micro", vocab, num_cameras=cameras, seed=seed, state_dim=4 if embedding else None,
-                        state_tokens=1 if embedding else 0, query_slots=slots).train()  # fmt: skip
-    layout = SequenceLayout(vocab, image_tokens=model.image_tokens, num_cameras=cameras, state_encoding=state_encoding,
-                            attention=attention, decoding=decoding, num_slots=slots)  # fmt: skip
+    model = build_model(
+        "micro",
+        vocab,
+        num_cameras=cameras,
+        seed=seed,
+        state_dim=4 if embedding else None,
+        state_tokens=1 if embedding else 0,
+        query_slots=slots,
+    ).train()
+    layout = SequenceLayout(
+        vocab,
+        image_tokens=model.image_tokens,
+        num_cameras=cameras,
+        state_encoding=state_encoding,
+        attention=attention,
+        decoding=decoding,
+        num_slots=slots,
+    )
     rng = np.random.default_rng(seed)
     ids = tok.encode(smooth_chunks(rows, T, D, seed=seed + 3))
     seq = layout.build_training_sequence([TASKS[i % 3] for i in range(rows)], rng.uniform(-1.2, 1.2, (rows, 4)), ids)
@@ -148,9 +170,18 @@ def test_compile_option_reaches_training(tiny_dataset_root, tmp_path, monkeypatc
 
     monkeypatch.setattr(lean, "_compiled_stack", lambda: lean._packed_stack)
     monkeypatch.setattr("vla.model.prefix_lm.suffix_hidden", spy)
-    code = main(["train", "--config_path=configs/debug.yaml", f"--dataset_root={tiny_dataset_root}",
-                 f"--output_dir={tmp_path / 'run'}", "--steps=2", "--save_every=2", "--progress=false",
-                 "--compile=true"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--config_path=configs/debug.yaml",
+            f"--dataset_root={tiny_dataset_root}",
+            f"--output_dir={tmp_path / 'run'}",
+            "--steps=2",
+            "--save_every=2",
+            "--progress=false",
+            "--compile=true",
+        ]
+    )
     assert code == 0 and seen and all(seen)
     assert (tmp_path / "run" / "policy" / "model.safetensors").is_file()
 
@@ -170,8 +201,13 @@ def test_batched_prefixes_equal_row_by_row(picks, scale, encoding):
     ids = tok.encode(smooth_chunks(len(picks), T, D, seed=1))
 
     def layout():
-        return SequenceLayout(VocabMap.compact(tok.vocab_size), image_tokens=2, num_cameras=1, max_prefix_len=64,
-                              state_encoding="text" if encoding == "none" else encoding)  # fmt: skip
+        return SequenceLayout(
+            VocabMap.compact(tok.vocab_size),
+            image_tokens=2,
+            num_cameras=1,
+            max_prefix_len=64,
+            state_encoding="text" if encoding == "none" else encoding,
+        )
 
     batched, single = layout(), layout()
     for _ in range(2):  # the second batch reads the cache
@@ -179,7 +215,16 @@ def test_batched_prefixes_equal_row_by_row(picks, scale, encoding):
         rows = [single.build_training_sequence([t], s[None], [a]) for t, s, a in zip(tasks, states, ids)]
         for i, row in enumerate(rows):
             n = int(row.valid.sum())
-            for key in ("input_ids", "valid", "ar", "position_ids", "targets", "loss_mask", "action_mask", "state_slots"):
+            for key in (
+                "input_ids",
+                "valid",
+                "ar",
+                "position_ids",
+                "targets",
+                "loss_mask",
+                "action_mask",
+                "state_slots",
+            ):
                 assert torch.equal(getattr(seq, key)[i, :n], getattr(row, key)[0, :n]), key
             assert not seq.valid[i, n:].any()
         assert batched.stats == single.stats
@@ -209,8 +254,14 @@ def test_tokenize_actions_cache_gives_the_tokenizers_own_ids():
 def test_a_batch_read_at_once_equals_samples_read_one_by_one(tiny_image_dataset_root):
     from vla.data.torch_dataset import ActionChunkDataset
 
-    ds = ActionChunkDataset(tiny_image_dataset_root, T, image_size=32, backend="memory", progress=False,
-                            image_keys=["observation.images.corner2"])  # fmt: skip
+    ds = ActionChunkDataset(
+        tiny_image_dataset_root,
+        T,
+        image_size=32,
+        backend="memory",
+        progress=False,
+        image_keys=["observation.images.corner2"],
+    )
     picks = [0, 5, len(ds) - 1, 5, -1]
     for got, want in zip(ds.__getitems__(picks), [ds[i] for i in picks], strict=True):
         assert got.keys() == want.keys()

@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
 
-import action_tokenizers as at
 from tests.conftest import fitted_tokenizers
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
@@ -32,10 +32,22 @@ def _bin(name: str) -> str:
 
 
 def _lerobot_train(root: Path, out: Path, *extra: str) -> Path:
-    args = [_bin("lerobot-train"), "--policy.type=vla", "--policy.device=cpu", "--policy.preset=micro",
-            "--dataset.repo_id=local/push", f"--dataset.root={root}", f"--output_dir={out}", "--steps=2",
-            "--batch_size=4", "--num_workers=0", "--save_freq=2", "--log_freq=1", "--wandb.enable=false",
-            *extra]  # fmt: skip
+    args = [
+        _bin("lerobot-train"),
+        "--policy.type=vla",
+        "--policy.device=cpu",
+        "--policy.preset=micro",
+        "--dataset.repo_id=local/push",
+        f"--dataset.root={root}",
+        f"--output_dir={out}",
+        "--steps=2",
+        "--batch_size=4",
+        "--num_workers=0",
+        "--save_freq=2",
+        "--log_freq=1",
+        "--wandb.enable=false",
+        *extra,
+    ]
     done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return out / "checkpoints" / "000002" / "pretrained_model"
@@ -45,7 +57,6 @@ def test_the_plugin_distribution_is_what_lerobot_discovers():
     names = [d.metadata.get("Name") for d in importlib.metadata.distributions()]
     assert "lerobot_policy_vla" in names  # LeRobot imports distributions whose name starts with lerobot_policy_
     import lerobot_policy_vla
-
     from lerobot.configs import PreTrainedConfig
 
     assert PreTrainedConfig.get_choice_class("vla") is lerobot_policy_vla.VLAConfig
@@ -62,16 +73,23 @@ def _policy_with_a_constant_state_dim():
     states[:, 3] = 0.25  # constant
     actions = 3.0 * rng.standard_normal((300, 10, 3)) + 1.0
     config = VLAConfig(preset="micro", time_horizon=10, n_action_steps=4, device="cpu", init_seed=0)
-    return VLAPolicy(config, action_tokenizer=fitted_tokenizers()["bin"], action_normalizer=at.Normalizer.fit(actions),
-                     state_normalizer=at.Normalizer.fit(states)).eval()  # fmt: skip
+    return VLAPolicy(
+        config,
+        action_tokenizer=fitted_tokenizers()["bin"],
+        action_normalizer=at.Normalizer.fit(actions),
+        state_normalizer=at.Normalizer.fit(states),
+    ).eval()
 
 
 def _raw_batch(b: int = 3) -> dict:
     g = torch.Generator().manual_seed(1)
     state = torch.randn(b, 5, generator=g)
     state[:, 3] = 0.25
-    return {"observation.state": state, "task": ["push the puck"] * b,
-            "action": 3.0 * torch.randn(b, 10, 3, generator=g) + 1.0}  # fmt: skip
+    return {
+        "observation.state": state,
+        "task": ["push the puck"] * b,
+        "action": 3.0 * torch.randn(b, 10, 3, generator=g) + 1.0,
+    }
 
 
 def test_lerobots_loaded_processors_and_the_policy_give_vlas_actions(tmp_path):
@@ -136,8 +154,9 @@ def test_lerobot_rollouts_inference_engine_runs_the_saved_policy(tmp_path):
     pre, post = make_pre_post_processors(config, pretrained_path=str(tmp_path / "ckpt"))
     names = ["x", "y", "z"]
     features = {"action": {"dtype": "float32", "shape": (3,), "names": names}}
-    engine = SyncInferenceEngine(loaded, pre, post, features, names, task="push the puck", device="cpu",
-                                 robot_type="test")  # fmt: skip
+    engine = SyncInferenceEngine(
+        loaded, pre, post, features, names, task="push the puck", device="cpu", robot_type="test"
+    )
     engine.reset()
     states = _raw_batch(b=1)["observation.state"]
     expected = policy.predict_action_chunk({"observation.state": states, "task": ["push the puck"]})[0]  # [T, 3]
@@ -196,10 +215,10 @@ def test_lerobot_observation_is_what_lerobots_metaworld_env_gives():
 @pytest.mark.slow
 def test_stock_lerobot_train_fits_a_tokenizer_then_vla_eval_on_its_checkpoint(tiny_dataset_root, tmp_path):
     """No --policy.action_tokenizer_path: the policy fits one on the dataset, with the prompt words, as vla train."""
-    from vla.data import reader
     from vla.cli import main
-    from vla.policy.processor_vla import NORMALIZER_STEP
+    from vla.data import reader
     from vla.model.text import prompt_words
+    from vla.policy.processor_vla import NORMALIZER_STEP
 
     checkpoint = _lerobot_train(tiny_dataset_root, tmp_path / "run")
     config = json.loads((checkpoint / "config.json").read_text())
@@ -211,8 +230,22 @@ def test_stock_lerobot_train_fits_a_tokenizer_then_vla_eval_on_its_checkpoint(ti
     assert tok.name == "fast" and tok.time_horizon == config["time_horizon"] and tok.action_dim == 4
     steps = json.loads((checkpoint / "policy_preprocessor.json").read_text())["steps"]
     assert NORMALIZER_STEP in [s["registry_name"] for s in steps]  # the trainer's own processors, saved
-    assert main(["eval", "--policy", str(checkpoint), "--episodes", "1", "--max-steps", "5",
-                 "--out", str(tmp_path / "eval")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                "--policy",
+                str(checkpoint),
+                "--episodes",
+                "1",
+                "--max-steps",
+                "5",
+                "--out",
+                str(tmp_path / "eval"),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "eval" / "eval_info.json").read_text())
     assert report["episodes"] == 1 and report["valid_chunk_rate"] == 1.0
 
@@ -225,18 +258,38 @@ def test_stock_lerobot_train_fine_tunes_a_saved_policy(tiny_dataset_root, tmp_pa
 
     from vla import train
     from vla.config import TrainConfig
-    from vla.tokenizer_choice import tokenizer_config
     from vla.policy import VLAConfig, VLAPolicy
+    from vla.tokenizer_choice import tokenizer_config
 
-    cfg = TrainConfig(dataset_root=str(tiny_dataset_root), output_dir=str(tmp_path / "source"), steps=2, batch_size=4,
-                      tokenizer=tokenizer_config("bin", n_bins=64), save_every=2, log_every=1, progress=False,
-                      policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"))  # fmt: skip
+    cfg = TrainConfig(
+        dataset_root=str(tiny_dataset_root),
+        output_dir=str(tmp_path / "source"),
+        steps=2,
+        batch_size=4,
+        tokenizer=tokenizer_config("bin", n_bins=64),
+        save_every=2,
+        log_every=1,
+        progress=False,
+        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"),
+    )
     source = Path(train.main(cfg)["policy_path"])
     out = tmp_path / "run"
-    args = [_bin("lerobot-train"), f"--policy.path={source}", "--policy.device=cpu", "--policy.optimizer_lr=1e-9",
-            "--policy.scheduler_decay_lr=0", "--dataset.repo_id=local/push", f"--dataset.root={tiny_dataset_root}",
-            f"--output_dir={out}", "--steps=2", "--batch_size=4", "--num_workers=0", "--save_freq=2", "--log_freq=1",
-            "--wandb.enable=false"]  # fmt: skip
+    args = [
+        _bin("lerobot-train"),
+        f"--policy.path={source}",
+        "--policy.device=cpu",
+        "--policy.optimizer_lr=1e-9",
+        "--policy.scheduler_decay_lr=0",
+        "--dataset.repo_id=local/push",
+        f"--dataset.root={tiny_dataset_root}",
+        f"--output_dir={out}",
+        "--steps=2",
+        "--batch_size=4",
+        "--num_workers=0",
+        "--save_freq=2",
+        "--log_freq=1",
+        "--wandb.enable=false",
+    ]
     done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     checkpoint = out / "checkpoints" / "000002" / "pretrained_model"
@@ -258,10 +311,15 @@ def test_lerobots_factory_refuses_a_dataset_of_other_dimensions(tmp_path):
 
     class Meta:  # LeRobotDatasetMetadata's part the factory passes on: info.json's features
         root = tmp_path / "toy"
-        features = {"observation.state": {"dtype": "float32", "shape": [2]}, "action": {"dtype": "float32", "shape": [2]}}
+        features = {
+            "observation.state": {"dtype": "float32", "shape": [2]},
+            "action": {"dtype": "float32", "shape": [2]},
+        }
 
     config = load_policy_config(tmp_path / "ckpt")
-    with pytest.raises(ValueError, match=r"reads and writes 3-D actions, 5-D state, but .*toy has 2-D actions, 2-D state"):
+    with pytest.raises(
+        ValueError, match=r"reads and writes 3-D actions, 5-D state, but .*toy has 2-D actions, 2-D state"
+    ):
         VLAPolicy.from_pretrained(tmp_path / "ckpt", config=config, dataset_meta=Meta())
 
 
@@ -285,9 +343,18 @@ def test_stock_lerobot_eval_scores_a_policy_trained_on_a_lerobot_recording(tmp_p
         "sys.argv[0] = 'lerobot-eval'\n"
         "sys.exit(main())\n"
     )
-    args = [sys.executable, "-c", patch, "--env.type=metaworld", "--env.task=push-v3",
-            f"--policy.path={checkpoint}", "--policy.device=cpu", "--eval.n_episodes=1", "--eval.batch_size=1",
-            f"--output_dir={tmp_path / 'eval'}"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-c",
+        patch,
+        "--env.type=metaworld",
+        "--env.task=push-v3",
+        f"--policy.path={checkpoint}",
+        "--policy.device=cpu",
+        "--eval.n_episodes=1",
+        "--eval.batch_size=1",
+        f"--output_dir={tmp_path / 'eval'}",
+    ]
     done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "eval" / "eval_info.json").read_text())

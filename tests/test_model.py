@@ -5,14 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from action_tokenizers.synthetic import smooth_chunks
+
 from tests.conftest import D, T, fitted_tokenizers
 from vla.model.prefix_lm import build_model
 from vla.model.presets import PRESETS, get_preset
 from vla.model.sequence import SequenceLayout
 from vla.model.vocab import VocabMap
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -95,8 +94,13 @@ def test_perturbing_the_suffix_never_changes_the_prefix(setup):
     perturbed.input_ids = torch.where(suffix, torch.randint_like(seq.input_ids, 4, 200), seq.input_ids)
     with torch.no_grad():
         a = model(seq.input_ids, seq.attention_mask, seq.position_ids, images=images, output_hidden_states=True)
-        b = model(perturbed.input_ids, perturbed.attention_mask, perturbed.position_ids, images=images,
-                  output_hidden_states=True)  # fmt: skip
+        b = model(
+            perturbed.input_ids,
+            perturbed.attention_mask,
+            perturbed.position_ids,
+            images=images,
+            output_hidden_states=True,
+        )
     prefix = seq.valid & (seq.ar == 0)
     for layer_a, layer_b in zip(a.hidden_states, b.hidden_states, strict=True):  # every layer, embeddings first
         assert torch.equal(layer_a[prefix], layer_b[prefix])

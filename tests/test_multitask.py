@@ -11,8 +11,8 @@ import torch
 
 from vla import train
 from vla.config import TrainConfig
-from vla.tokenizer_choice import tokenizer_config
 from vla.policy import VLAConfig, VLAPolicy
+from vla.tokenizer_choice import tokenizer_config
 
 TASKS = {"slide the block to the left": -0.8, "slide the block to the right": 0.8}
 STATE = np.array([0.1, -0.2, 0.3], dtype=np.float32)
@@ -42,11 +42,24 @@ def two_task_root(tmp_path_factory) -> Path:
 
 def test_the_same_observation_gets_the_action_its_instruction_asks_for(two_task_root, tmp_path, one_torch_thread):
     cfg = TrainConfig(
-        dataset_root=str(two_task_root), output_dir=str(tmp_path), tokenizer=tokenizer_config("bin", n_bins=32),
-        policy=VLAConfig(preset="micro", time_horizon=2, n_action_steps=2, scheduler_warmup_steps=5,
-                         scheduler_decay_steps=400, device="cpu"),
-        steps=400, batch_size=16, save_every=400, log_every=100, heldout_episodes=0, progress=False,
-    )  # fmt: skip
+        dataset_root=str(two_task_root),
+        output_dir=str(tmp_path),
+        tokenizer=tokenizer_config("bin", n_bins=32),
+        policy=VLAConfig(
+            preset="micro",
+            time_horizon=2,
+            n_action_steps=2,
+            scheduler_warmup_steps=5,
+            scheduler_decay_steps=400,
+            device="cpu",
+        ),
+        steps=400,
+        batch_size=16,
+        save_every=400,
+        log_every=100,
+        heldout_episodes=0,
+        progress=False,
+    )
     policy = VLAPolicy.from_pretrained(train.main(cfg)["policy_path"]).eval()
     assert set(policy.config.text_words) >= {" left", " right"}  # the instructions' words, one id each
     batch = {"observation.state": torch.as_tensor(np.stack([STATE, STATE])), "task": list(TASKS)}
@@ -63,8 +76,10 @@ def test_balance_tasks_draws_each_task_equally_often(tmp_path):
     from vla.data.torch_dataset import ActionChunkDataset
 
     root = tmp_path / "unbalanced"
-    features = {"observation.state": {"dtype": "float32", "shape": (3,), "names": ["x", "y", "z"]},
-                "action": {"dtype": "float32", "shape": (2,), "names": ["dx", "dy"]}}  # fmt: skip
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (3,), "names": ["x", "y", "z"]},
+        "action": {"dtype": "float32", "shape": (2,), "names": ["dx", "dy"]},
+    }
     ds = LeRobotDataset.create("local/unbalanced", fps=10, features=features, root=root, use_videos=False)
     for episode in range(8):
         task = list(TASKS)[int(episode >= 2)]  # 2 episodes to the left, 6 to the right

@@ -15,22 +15,42 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vla import train
-from vla.data import defaults, reader
 from vla.cli import main
 from vla.config import load_config
+from vla.data import defaults, reader
 from vla.data.meta import flat_names
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its configuration per encoded episode otherwise
 
-TINY = ["--policy.preset=micro", "--policy.device=cpu", "--batch_size=4", "--steps=2", "--log_every=1",
-        "--save_every=100", "--eval_chunks=4", "--report_chunks=8", "--progress=false",
-        "--tokenizer.type=fast", "--tokenizer.vocab_size=256"]  # fmt: skip  # sizes only: every other setting chosen
+TINY = [
+    "--policy.preset=micro",
+    "--policy.device=cpu",
+    "--batch_size=4",
+    "--steps=2",
+    "--log_every=1",
+    "--save_every=100",
+    "--eval_chunks=4",
+    "--report_chunks=8",
+    "--progress=false",
+    "--tokenizer.type=fast",
+    "--tokenizer.vocab_size=256",
+]  # sizes only: every other setting chosen
 
 
-def make_dataset(root: Path, *, fps: int = 10, episodes: int = 4, frames: int = 20, state: int | None = 3,
-                 action: int = 3, cameras: dict[str, tuple[int, int]] | None = None, video: bool = False,
-                 action_names: list[str] | None = None, state_names: list[str] | None = None) -> Path:  # fmt: skip
+def make_dataset(
+    root: Path,
+    *,
+    fps: int = 10,
+    episodes: int = 4,
+    frames: int = 20,
+    state: int | None = 3,
+    action: int = 3,
+    cameras: dict[str, tuple[int, int]] | None = None,
+    video: bool = False,
+    action_names: list[str] | None = None,
+    state_names: list[str] | None = None,
+) -> Path:
     """A LeRobot v3.0 dataset: joints that sweep per episode; the action is the next frame's joints (the state tracks
     the action: state dim j+1 holds action dim j, dim 0 is a constant), the last action dim a gripper that closes
     halfway; ``cameras``: key -> (height, width), as video or PNG."""
@@ -41,9 +61,14 @@ def make_dataset(root: Path, *, fps: int = 10, episodes: int = 4, frames: int = 
     if state is not None:
         features["observation.state"] = {"dtype": "float32", "shape": (state,), "names": state_names}
     for key, (h, w) in cameras.items():
-        features[key] = {"dtype": "video" if video else "image", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
-    ds = LeRobotDataset.create("local/own", fps=fps, features=features, root=root, use_videos=video,
-                               video_backend="pyav")  # fmt: skip
+        features[key] = {
+            "dtype": "video" if video else "image",
+            "shape": (h, w, 3),
+            "names": ["height", "width", "channels"],
+        }
+    ds = LeRobotDataset.create(
+        "local/own", fps=fps, features=features, root=root, use_videos=video, video_backend="pyav"
+    )
     for e in range(episodes):
         k = np.arange(frames + 1, dtype=np.float64)
         joints = np.stack([10.0 * (e + 1) * np.sin(k / 5.0 + j + e) for j in range(action)], 1)  # [frames + 1, A]
@@ -81,16 +106,22 @@ def tiny_run(root: Path, out: Path, *extra: str) -> dict:
 
 # -- names in any layout ----------------------------------------------------------------------------------------
 
-name_lists = st.lists(st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=8),
-                      min_size=1, max_size=30)  # fmt: skip
+name_lists = st.lists(
+    st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=8), min_size=1, max_size=30
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(names=name_lists, layout=st.sampled_from(["flat", "one list", "dict", "dict of several", "tuple"]))
 def test_names_in_every_layout_read_as_one_flat_list(names, layout):
     cut = len(names) // 2
-    wrapped = {"flat": names, "one list": [names], "dict": {"motors": names}, "tuple": tuple(names),
-               "dict of several": {"arm": names[:cut], "gripper": names[cut:]}}[layout]  # fmt: skip
+    wrapped = {
+        "flat": names,
+        "one list": [names],
+        "dict": {"motors": names},
+        "tuple": tuple(names),
+        "dict of several": {"arm": names[:cut], "gripper": names[cut:]},
+    }[layout]
     assert flat_names(wrapped, len(names)) == (names, None)
     dropped, note = flat_names(wrapped, len(names) + 1, "meta/info.json: features.action.names")
     assert dropped is None and f"lists {len(names)} names for {len(names) + 1} values" in note
@@ -128,8 +159,14 @@ def test_names_that_do_not_fit_the_shape_are_ignored_and_said(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def arm_50hz(tmp_path_factory) -> Path:
     """50 Hz, 4-D state (a constant, then the 3 joints), 3-D action named differently from the state."""
-    return make_dataset(tmp_path_factory.mktemp("own") / "arm50", fps=50, frames=40, state=4,
-                        action_names=["shoulder", "elbow", "gripper"], state_names=["speed", "j1", "j2", "j3"])  # fmt: skip
+    return make_dataset(
+        tmp_path_factory.mktemp("own") / "arm50",
+        fps=50,
+        frames=40,
+        state=4,
+        action_names=["shoulder", "elbow", "gripper"],
+        state_names=["speed", "j1", "j2", "j3"],
+    )
 
 
 def test_defaults_are_chosen_from_the_data_and_say_why(arm_50hz):
@@ -150,14 +187,26 @@ def test_defaults_are_chosen_from_the_data_and_say_why(arm_50hz):
 
 def test_an_explicit_value_always_wins(arm_50hz):
     info = reader.dataset_info(arm_50hz)
-    args = [f"--dataset_root={arm_50hz}", "--policy.time_horizon=7", "--policy.n_action_steps=7", "--heldout_episodes=0",
-            "--policy.n_obs_steps=1", "--policy.relative_actions=none", "--policy.action_state_dims=[3,2,1]"]  # fmt: skip
+    args = [
+        f"--dataset_root={arm_50hz}",
+        "--policy.time_horizon=7",
+        "--policy.n_action_steps=7",
+        "--heldout_episodes=0",
+        "--policy.n_obs_steps=1",
+        "--policy.relative_actions=none",
+        "--policy.action_state_dims=[3,2,1]",
+    ]
     cfg, choices = defaults.choose(load_config(args=args), info)
     p = cfg.policy
     assert (p.time_horizon, p.n_action_steps, p.n_obs_steps, cfg.heldout_episodes) == (7, 7, 1, 0.0)
     assert p.relative_actions == "none" and p.action_state_dims == [3, 2, 1]
-    assert {c.name for c in choices if c.given} >= {"policy.time_horizon", "heldout_episodes", "policy.n_obs_steps",
-                                                     "policy.relative_actions", "policy.action_state_dims"}  # fmt: skip
+    assert {c.name for c in choices if c.given} >= {
+        "policy.time_horizon",
+        "heldout_episodes",
+        "policy.n_obs_steps",
+        "policy.relative_actions",
+        "policy.action_state_dims",
+    }
     seconds = defaults.choose(load_config(args=[f"--dataset_root={arm_50hz}", "--policy.chunk_seconds=0.3"]), info)[0]
     assert seconds.policy.time_horizon == 15  # 0.3 s at 50 fps
 
@@ -175,10 +224,15 @@ def test_data_info_prints_the_choices_training_makes(arm_50hz, tmp_path, capsys)
     assert main(["data", "info", str(arm_50hz)]) == 0
     info_lines = capsys.readouterr().out.splitlines()
     start = info_lines.index("what `vla train --dataset_root DIR` would choose:")
-    said = [line.strip() for line in info_lines[start + 1 :] if line.startswith("  ") and " = " in line
-            and not line.strip().startswith("WARNING")]  # fmt: skip
+    said = [
+        line.strip()
+        for line in info_lines[start + 1 :]
+        if line.startswith("  ") and " = " in line and not line.strip().startswith("WARNING")
+    ]
     saved = tiny_run(arm_50hz, tmp_path / "run")
-    trained = [line.removeprefix("chose ") for line in capsys.readouterr().out.splitlines() if line.startswith("chose ")]
+    trained = [
+        line.removeprefix("chose ") for line in capsys.readouterr().out.splitlines() if line.startswith("chose ")
+    ]
     sizes = {"policy.scheduler_decay_steps"}  # the run's --steps=2 against the default 3000
     assert [s for s in said if s.split(" = ")[0] not in sizes] == [t for t in trained if t.split(" = ")[0] not in sizes]
     assert saved["chosen"]["policy.time_horizon"].startswith(f"{saved['policy']['time_horizon']}: ")
@@ -188,8 +242,9 @@ def test_data_info_prints_the_choices_training_makes(arm_50hz, tmp_path, capsys)
 def test_a_resumed_run_keeps_its_own_choices(arm_50hz, tmp_path, capsys):
     """Resuming with more --steps would choose another decay: the run keeps the choices it started with."""
     first = tiny_run(arm_50hz, tmp_path / "run")
-    cfg = load_config(args=[f"--dataset_root={arm_50hz}", f"--output_dir={tmp_path / 'run'}", *TINY, "--steps=3",
-                            "--resume=true"])  # fmt: skip
+    cfg = load_config(
+        args=[f"--dataset_root={arm_50hz}", f"--output_dir={tmp_path / 'run'}", *TINY, "--steps=3", "--resume=true"]
+    )
     assert train.main(cfg)["steps"] == 3
     assert "chose policy.scheduler_decay_steps = 2: kept from the run being resumed" in capsys.readouterr().out
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["chosen"] == first["chosen"]
@@ -239,6 +294,8 @@ def test_each_shape_trains_with_the_defaults_and_reports(shape, tmp_path):
         obs["observation/state"] = np.zeros(info.state_dim, np.float32)
     for key in info.camera_keys:
         obs[key.replace(".", "/")] = np.zeros((*info.camera_shape(key), 3), np.uint8)
-    with PolicyServer(VLAPolicy.from_pretrained(tmp_path / "run" / "policy"), ServeConfig(port=0)).start_in_thread() as h:
+    with PolicyServer(
+        VLAPolicy.from_pretrained(tmp_path / "run" / "policy"), ServeConfig(port=0)
+    ).start_in_thread() as h:
         reply = wcp.WebsocketClientPolicy("127.0.0.1", h.port).infer(obs)
     assert reply["actions"].shape == (p["time_horizon"], info.action_dim) and np.isfinite(reply["actions"]).all()

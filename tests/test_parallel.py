@@ -5,25 +5,25 @@ from __future__ import annotations
 
 import functools
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
+
 from tests.conftest import D, T, assert_plot, fitted_tokenizers
 from tests.test_policy import make_batch, make_policy, normalizers
 from vla.model.decode import fixed_chunk_length, generate
-from vla.policy.pipeline import SEQUENCE, run
-from vla.policy import VLAConfig, VLAPolicy
 from vla.model.sequence import SequenceLayout
 from vla.model.vocab import VocabMap
+from vla.policy import VLAConfig, VLAPolicy
+from vla.policy.pipeline import SEQUENCE, run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def beast() -> at.ActionTokenizer:
     return at.BEASTTokenizer.fit(smooth_chunks(200, T, D, seed=0), n_control_points=5, degree=3)
 
@@ -36,8 +36,9 @@ def parallel_policy(name: str, **overrides) -> VLAPolicy:
     if name != "beast":
         return make_policy(name, decoding="parallel", **overrides)
     action_norm, state_norm = normalizers()
-    config = VLAConfig(preset="micro", time_horizon=T, n_action_steps=4, device="cpu", init_seed=0, decoding="parallel",
-                       **overrides)  # fmt: skip
+    config = VLAConfig(
+        preset="micro", time_horizon=T, n_action_steps=4, device="cpu", init_seed=0, decoding="parallel", **overrides
+    )
     policy = VLAPolicy(config, action_tokenizer=beast(), action_normalizer=action_norm, state_normalizer=state_norm)
     return policy.eval()
 
@@ -115,8 +116,15 @@ def test_the_policy_loss_is_cross_entropy_at_every_slot_at_once():
     n = fixed_chunk_length(policy.action_tokenizer.constraint(T, D))
     loss, metrics = policy.model.loss(seq)
     assert float(metrics["suffix_tokens"]) == 3 * n
-    out = policy.model(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.ar, state=seq.state,
-                       state_slots=seq.state_slots, query_slots=seq.query_slots)  # fmt: skip
+    out = policy.model(
+        seq.input_ids,
+        seq.attention_mask,
+        seq.position_ids,
+        token_type_ids=seq.ar,
+        state=seq.state,
+        state_slots=seq.state_slots,
+        query_slots=seq.query_slots,
+    )
     logits = policy.model.logits(out.last_hidden_state[seq.query_slots])  # [3 n, V]
     expected = torch.as_tensor(policy.vocab.action_to_vocab(np.concatenate(packed["action_ids"])))
     assert torch.allclose(loss, F.cross_entropy(logits, expected))
@@ -127,8 +135,15 @@ def test_the_prefix_is_blind_to_the_slot_embeddings():
     seq = run(policy.pipeline.prompt, make_batch(2))[SEQUENCE]
 
     def hidden():
-        return policy.model(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.ar,
-                            state=seq.state, state_slots=seq.state_slots, query_slots=seq.query_slots).last_hidden_state
+        return policy.model(
+            seq.input_ids,
+            seq.attention_mask,
+            seq.position_ids,
+            token_type_ids=seq.ar,
+            state=seq.state,
+            state_slots=seq.state_slots,
+            query_slots=seq.query_slots,
+        ).last_hidden_state
 
     with torch.no_grad():
         before = hidden()
@@ -172,8 +187,10 @@ def test_the_constraint_holds_even_when_the_model_prefers_other_ids(monkeypatch)
 def test_the_lean_pass_equals_transformers_forward(name):
     policy = parallel_policy(name)
     prompt = run(policy.pipeline.prompt, make_batch(3))[SEQUENCE]
-    a, b = (generate(policy.model, prompt, vocab=policy.vocab, constraint=policy.constraint, lean=lean)
-            for lean in (True, False))  # fmt: skip
+    a, b = (
+        generate(policy.model, prompt, vocab=policy.vocab, constraint=policy.constraint, lean=lean)
+        for lean in (True, False)
+    )
     assert a.ids == b.ids and a.valid.all() and a.steps == b.steps == 1
 
 
@@ -206,11 +223,22 @@ def test_save_load_round_trip_of_a_parallel_policy(tmp_path):
 def test_inspect_traces_a_parallel_policy_slot_by_slot(tmp_path):
     from vla.inspect import inspect_policy
 
-    config = VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, device="cpu", init_seed=0, decoding="parallel",
-                       text_words=["Task:", ", State:", ";\n", "Action: ", " push"])  # fmt: skip
+    config = VLAConfig(
+        preset="micro",
+        time_horizon=T,
+        n_action_steps=2,
+        device="cpu",
+        init_seed=0,
+        decoding="parallel",
+        text_words=["Task:", ", State:", ";\n", "Action: ", " push"],
+    )
     tok = fitted_tokenizers()["bin"]
-    policy = VLAPolicy(config, action_tokenizer=tok, action_normalizer=at.Normalizer.identity(D),
-                       state_normalizer=at.Normalizer.identity(4))  # fmt: skip
+    policy = VLAPolicy(
+        config,
+        action_tokenizer=tok,
+        action_normalizer=at.Normalizer.identity(D),
+        state_normalizer=at.Normalizer.identity(4),
+    )
     summary = inspect_policy(policy, tmp_path)
     assert summary["decoding_steps"] == policy.layout.num_slots == T * D  # one step per query slot, no "|" step
     assert_plot(tmp_path / "decoding.png")

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import logging
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
+from action_tokenizers.synthetic import smooth_chunks
 from lerobot.configs import PreTrainedConfig
 
-import action_tokenizers as at
-from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers, write_gemma_like_tokenizer
-from vla.policy import VLAConfig, VLAPolicy
 from vla.model.text import prompt_words
+from vla.policy import VLAConfig, VLAPolicy
 
 S = 5  # state dimension
 CAM = "observation.images.front"
@@ -63,11 +63,15 @@ def test_config_is_registered_and_carries_what_lerobot_needs():
     assert config.action_delta_indices == list(range(7))
     assert config.observation_delta_indices is None and config.reward_delta_indices is None
     # The presets LeRobot's trainer builds: the config's AdamW, warmed up linearly to the peak, decayed to decay_lr.
-    config = VLAConfig(time_horizon=7, n_action_steps=3, device="cpu", scheduler_warmup_steps=3,
-                       scheduler_decay_steps=10)
+    config = VLAConfig(
+        time_horizon=7, n_action_steps=3, device="cpu", scheduler_warmup_steps=3, scheduler_decay_steps=10
+    )
     params = [torch.nn.Parameter(torch.zeros(2))]
     optimizer = config.get_optimizer_preset().build(params)
-    assert optimizer.defaults["lr"] == config.optimizer_lr and optimizer.defaults["weight_decay"] == config.optimizer_weight_decay
+    assert (
+        optimizer.defaults["lr"] == config.optimizer_lr
+        and optimizer.defaults["weight_decay"] == config.optimizer_weight_decay
+    )
     scheduler = config.get_scheduler_preset().build(optimizer, num_training_steps=10)
     lrs = []
     for _ in range(10):
@@ -75,7 +79,9 @@ def test_config_is_registered_and_carries_what_lerobot_needs():
         optimizer.step()
         scheduler.step()
     lrs.append(scheduler.get_last_lr()[0])
-    assert lrs[0] == pytest.approx(config.optimizer_lr / 4) and lrs[0] < lrs[1] < lrs[2] < config.optimizer_lr  # warm-up
+    assert (
+        lrs[0] == pytest.approx(config.optimizer_lr / 4) and lrs[0] < lrs[1] < lrs[2] < config.optimizer_lr
+    )  # warm-up
     assert all(a > b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] == pytest.approx(config.scheduler_decay_lr)
 
 
@@ -151,7 +157,9 @@ def test_step_through_yields_every_intermediate():
     names = [name for name, _ in steps]
     assert names == ["CheckBatch", "Normalize", "StackImages", "ShiftImages", "TokenizeActions", "BuildSequence"]
     normalised = dict(steps)["Normalize"]["action"]
-    np.testing.assert_allclose(normalised, policy.action_normalizer.normalize(make_batch(b=2)["action"].double().numpy()))
+    np.testing.assert_allclose(
+        normalised, policy.action_normalizer.normalize(make_batch(b=2)["action"].double().numpy())
+    )
     assert len(dict(steps)["TokenizeActions"]["action_ids"]) == 2 and "sequence" in steps[-1][1]
 
 
@@ -232,8 +240,15 @@ def test_save_load_round_trip_gives_the_same_actions(name, tmp_path):
     for key, value in policy.state_dict().items():
         assert torch.equal(value, loaded.state_dict()[key]), key
     files = {p.name for p in (tmp_path / "ckpt").iterdir()}
-    assert {"config.json", "model.safetensors", "action_tokenizer", "action_normalizer.json",
-            "state_normalizer.json", "backbone_config.json", "policy_preprocessor.json"} <= files  # fmt: skip
+    assert {
+        "config.json",
+        "model.safetensors",
+        "action_tokenizer",
+        "action_normalizer.json",
+        "state_normalizer.json",
+        "backbone_config.json",
+        "policy_preprocessor.json",
+    } <= files
     if name == "fast":  # sampling with the same seed also survives the round trip
         for p in (policy, loaded):
             p.config.temperature = 1.0
@@ -307,11 +322,19 @@ def test_mismatched_parts_are_refused():
     action_norm, state_norm = normalizers()
     tok = fitted_tokenizers()["fast"]
     with pytest.raises(ValueError, match="action_dim disagrees"):
-        VLAPolicy(VLAConfig(preset="micro", device="cpu", action_dim=D + 1), action_tokenizer=tok,
-                  action_normalizer=action_norm, state_normalizer=state_norm)  # fmt: skip
+        VLAPolicy(
+            VLAConfig(preset="micro", device="cpu", action_dim=D + 1),
+            action_tokenizer=tok,
+            action_normalizer=action_norm,
+            state_normalizer=state_norm,
+        )
     with pytest.raises(ValueError, match="time_horizon"):
-        VLAPolicy(VLAConfig(preset="micro", device="cpu", time_horizon=T + 2), action_tokenizer=tok,
-                  action_normalizer=action_norm, state_normalizer=state_norm)  # fmt: skip
+        VLAPolicy(
+            VLAConfig(preset="micro", device="cpu", time_horizon=T + 2),
+            action_tokenizer=tok,
+            action_normalizer=action_norm,
+            state_normalizer=state_norm,
+        )
 
 
 # --- LeRobot's factory ---------------------------------------------------------------------------------------
@@ -360,8 +383,8 @@ def test_a_local_paligemma_checkpoint_loads_offline(tmp_path):
     from transformers import PaliGemmaForConditionalGeneration
 
     from vla.model.presets import PRESETS, paligemma_config
-    from vla.model.vocab import VocabMap
     from vla.model.text import LocalTextTokenizer
+    from vla.model.vocab import VocabMap
 
     tok = fitted_tokenizers()["fast"]
     checkpoint = tmp_path / "paligemma"
@@ -371,8 +394,9 @@ def test_a_local_paligemma_checkpoint_loads_offline(tmp_path):
     backbone = PaliGemmaForConditionalGeneration(paligemma_config(PRESETS["micro"], vocab, num_cameras=1))
     backbone.save_pretrained(checkpoint)  # config.json + model.safetensors, as published checkpoints are
     action_norm, state_norm = normalizers()
-    config = VLAConfig(preset="paligemma-3b", backbone_path=str(checkpoint), time_horizon=T, image_keys=[CAM],
-                       device="cpu")  # fmt: skip
+    config = VLAConfig(
+        preset="paligemma-3b", backbone_path=str(checkpoint), time_horizon=T, image_keys=[CAM], device="cpu"
+    )
     policy = VLAPolicy(config, action_tokenizer=tok, action_normalizer=action_norm, state_normalizer=state_norm)
     embed = policy.model.backbone.model.language_model.embed_tokens.weight
     assert torch.equal(embed, backbone.model.language_model.embed_tokens.weight)  # the checkpoint's weights

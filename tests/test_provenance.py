@@ -17,7 +17,9 @@ def test_the_block_names_code_data_settings_and_numerics(tiny_dataset_root):
     block = provenance(config={"steps": 3}, dataset=tiny_dataset_root, seed=7)
     assert all(key in block for key in REQUIRED) and block["config"] == {"steps": 3} and block["seed"] == 7
     assert block["threads"] >= 1 and "torch" in block["packages"] and "numpy" in block["packages"]
-    assert isinstance(block["processor"], str) and block["processor"]  # speed figures are comparable only on one CPU model
+    assert (
+        isinstance(block["processor"], str) and block["processor"]
+    )  # speed figures are comparable only on one CPU model
     assert block["dataset"]["files"] > 0 and check({"provenance": block}) == []
     assert check({"success_rate": 1.0}) == ["no 'provenance' block"]
     assert check({"provenance": {"commit": "abc"}})[0] == "provenance lacks 'format'"
@@ -82,7 +84,10 @@ def test_the_command_names_no_machine_folder(tmp_path):
     here = tmp_path / "vla"
     argv = [str(here / "vla" / "cli.py"), "study", "run", f"--out={here / 'results'}", str(tmp_path / "old"), "-x"]
     assert portable_command(argv, here) == ["vla/cli.py", "study", "run", "--out=results", "../old", "-x"]
-    assert not any(arg.partition("=")[2 if arg.startswith("--") else 0].startswith("/") for arg in provenance(command=argv)["command"])
+    assert not any(
+        arg.partition("=")[2 if arg.startswith("--") else 0].startswith("/")
+        for arg in provenance(command=argv)["command"]
+    )
 
 
 def test_dirty_means_code_changed_not_results_or_pages(tmp_path):

@@ -7,14 +7,14 @@ import logging
 import numpy as np
 import pytest
 import torch
+from action_tokenizers.synthetic import smooth_chunks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
 from vla.model.sequence import SequenceLayout, prefix_lm_mask
-from vla.model.vocab import VocabMap
 from vla.model.text import ByteTextTokenizer, LocalTextTokenizer, clean_task, prompt_words
+from vla.model.vocab import VocabMap
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -56,7 +56,10 @@ def test_prompt_words_shorten_the_prompt():
     assert len(set(words)) == len(words)
     plain, worded = SequenceLayout(VocabMap.compact(16)), SequenceLayout(VocabMap.compact(16, words))
     state = np.array([0.0, 0.5, -1.0])
-    a, b = plain.prefix_text_ids("push the puck to a goal", state), worded.prefix_text_ids("push the puck to a goal", state)
+    a, b = (
+        plain.prefix_text_ids("push the puck to a goal", state),
+        worded.prefix_text_ids("push the puck to a goal", state),
+    )
     assert worded.vocab.text.decode(b) == plain.vocab.text.decode(a)  # the same text
     assert len(b) == 1 + 8 + 3 + 1  # BOS, 8 words, 3 numbers, ";\n"
     assert len(a) == 1 + 37 + 3 + 2
@@ -162,8 +165,11 @@ def test_causal_attention_sees_nothing_later_and_keeps_the_loss_on_the_suffix(le
     tasks, states, ids = ["push", "pick up the cube"], np.zeros((2, 3)), [[1, 2, 3], [4]]
     causal = SequenceLayout(vocab, state_bins=16, attention="causal")
     prefix_lm = SequenceLayout(vocab, state_bins=16)
-    build = (lambda lay: lay.build_prefix(tasks, states)) if left else (
-        lambda lay: lay.build_training_sequence(tasks, states, ids))  # fmt: skip
+    build = (
+        (lambda lay: lay.build_prefix(tasks, states))
+        if left
+        else (lambda lay: lay.build_training_sequence(tasks, states, ids))
+    )
     a, b = build(causal), build(prefix_lm)
     mask = a.attention_mask
     for i in range(2):

@@ -15,22 +15,24 @@ import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
+from action_tokenizers.synthetic import smooth_chunks
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as _connect
 
-import action_tokenizers as at
-from action_tokenizers.synthetic import smooth_chunks
 from vla.serve import ChunkExecutor, PolicyClient, Rate, ServerError, action_jerk, packb, unpackb
 from vla.serve.client import _CONNECT_EXTRAS
 from vla.serve.codec import DecodeError
 from vla.serve.server import PolicyServer, ServeConfig
 
 # openpi's client calls websockets' connect() the pre-17 way, which websockets 17 warns about (not ours to change)
-pytestmark = [pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-              pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 
 T, D, S = 6, 3, 5
 CAM = "observation.images.front"
@@ -44,19 +46,24 @@ def policy():
 
     chunks = smooth_chunks(200, T, D, seed=0)
     states = np.random.default_rng(0).standard_normal((200, S))
-    config = VLAPolicy.config_class(preset="micro", time_horizon=T, n_action_steps=3, image_keys=[CAM], device="cpu",
-                                    init_seed=0)  # fmt: skip
-    return VLAPolicy(config, action_tokenizer=at.FASTTokenizer.fit(chunks, vocab_size=256),
-                     action_normalizer=at.Normalizer.fit(2.0 * chunks + 1.0),
-                     state_normalizer=at.Normalizer.fit(states)).eval()  # fmt: skip
+    config = VLAPolicy.config_class(
+        preset="micro", time_horizon=T, n_action_steps=3, image_keys=[CAM], device="cpu", init_seed=0
+    )
+    return VLAPolicy(
+        config,
+        action_tokenizer=at.FASTTokenizer.fit(chunks, vocab_size=256),
+        action_normalizer=at.Normalizer.fit(2.0 * chunks + 1.0),
+        state_normalizer=at.Normalizer.fit(states),
+    ).eval()
 
 
 class StubPolicy:
     """``predict_action_chunk`` answering ``actions[b, t, :] = state[b, 0] + t`` after ``delay_s``; records batches."""
 
     def __init__(self, delay_s: float = 0.0, state_dim: int = S):
-        self.config = SimpleNamespace(time_horizon=T, n_action_steps=T, action_dim=D, state_dim=state_dim,
-                                      image_keys=[], image_size=None)  # fmt: skip
+        self.config = SimpleNamespace(
+            time_horizon=T, n_action_steps=T, action_dim=D, state_dim=state_dim, image_keys=[], image_size=None
+        )
         self.delay_s = delay_s
         self.batch_sizes: list[int] = []
         self.last_decode_info = None
@@ -101,8 +108,14 @@ def http_status(port: int, path: str) -> int:
 
 # --- the wire format ----------------------------------------------------------------------------------------------
 def test_codec_round_trip_and_bytes_equal_openpis():
-    obs = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.uint8(7), "s": "text", "n": [1, 2.5, None],
-           "img": np.zeros((4, 4, 3), np.uint8), "flag": np.array([True, False])}  # fmt: skip
+    obs = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.uint8(7),
+        "s": "text",
+        "n": [1, 2.5, None],
+        "img": np.zeros((4, 4, 3), np.uint8),
+        "flag": np.array([True, False]),
+    }
     data = packb(obs)
     back = unpackb(data)
     assert back.keys() == obs.keys() and back["s"] == "text" and back["n"] == [1, 2.5, None]
@@ -151,15 +164,19 @@ def test_codec_refuses_ext_types_garbage_and_deep_nesting():
 
 # --- openpi's own client ------------------------------------------------------------------------------------------
 def test_openpi_client_drives_the_server(policy):
-    wcp = pytest.importorskip("openpi_client.websocket_client_policy",
-                              reason="pip install --no-deps openpi-client (its numpy<2 pin conflicts with lerobot's)")
+    wcp = pytest.importorskip(
+        "openpi_client.websocket_client_policy",
+        reason="pip install --no-deps openpi-client (its numpy<2 pin conflicts with lerobot's)",
+    )
     obs = observation(0)
     with torch.inference_mode():  # what the policy answers itself, given the same observation as a batch of one
-        expected = policy.predict_action_chunk({
-            "observation.state": torch.as_tensor(obs["observation/state"])[None],
-            CAM: torch.as_tensor(obs["observation/images/front"]).permute(2, 0, 1)[None],  # uint8 [1, 3, H, W]
-            "task": [TASK],
-        })[0].numpy()  # fmt: skip
+        expected = policy.predict_action_chunk(
+            {
+                "observation.state": torch.as_tensor(obs["observation/state"])[None],
+                CAM: torch.as_tensor(obs["observation/images/front"]).permute(2, 0, 1)[None],  # uint8 [1, 3, H, W]
+                "task": [TASK],
+            }
+        )[0].numpy()
     with serve(policy) as handle:
         client = wcp.WebsocketClientPolicy("127.0.0.1", handle.port)
         meta = client.get_server_metadata()
@@ -201,9 +218,14 @@ def test_api_key_is_required_when_set(policy):
 def test_malformed_messages_get_error_replies_and_the_connection_stays_usable(policy):
     with serve(policy) as handle, connect(f"ws://127.0.0.1:{handle.port}", compression=None) as ws:
         unpackb(ws.recv(timeout=10))  # metadata
-        bad = [b"\xc1 not msgpack", "a text frame", packb([1, 2, 3]), packb(observation(0) | {"prompt": ""}),
-               packb(observation(0) | {"observation/images/front": np.zeros((4, 4), np.uint8)}),
-               packb(observation(0) | {"observation/state": np.full(S, np.nan, np.float32)})]  # fmt: skip
+        bad = [
+            b"\xc1 not msgpack",
+            "a text frame",
+            packb([1, 2, 3]),
+            packb(observation(0) | {"prompt": ""}),
+            packb(observation(0) | {"observation/images/front": np.zeros((4, 4), np.uint8)}),
+            packb(observation(0) | {"observation/state": np.full(S, np.nan, np.float32)}),
+        ]
         for message in bad:
             ws.send(message)
             reply = ws.recv(timeout=10)
@@ -217,8 +239,11 @@ def test_malformed_messages_get_error_replies_and_the_connection_stays_usable(po
     ("image", "match"),
     [
         (np.full((40, 40, 3), 4000, np.uint16), r"is uint16 \(values up to 4000\); send uint8 in 0\.\.255 \(a 16-bit"),
-        (np.full((40, 40, 3), 200.0, np.float32), r"is float32 with values in \[200, 200\]; float images must lie in "
-                                                  r"\[0, 1\]: send uint8 0\.\.255"),
+        (
+            np.full((40, 40, 3), 200.0, np.float32),
+            r"is float32 with values in \[200, 200\]; float images must lie in "
+            r"\[0, 1\]: send uint8 0\.\.255",
+        ),
         (np.full((40, 40, 3), -0.5, np.float32), r"is float32 with values in \[-0\.5, -0\.5\]; float images must lie"),
     ],
 )

@@ -19,14 +19,14 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
+from action_tokenizers.synthetic import smooth_chunks
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as _connect
 
-import action_tokenizers as at
-from action_tokenizers.synthetic import smooth_chunks
 from vla.serve import PolicyClient, ServerError, packb, unpackb
 from vla.serve.client import _CONNECT_EXTRAS
 from vla.serve.server import PolicyServer, ServeConfig
@@ -42,8 +42,9 @@ class Stub:
     """``actions[b, t, :] = state[b, 0]``, at once."""
 
     def __init__(self):
-        self.config = SimpleNamespace(time_horizon=T, n_action_steps=T, action_dim=D, state_dim=S, image_keys=[],
-                                      image_size=None)  # fmt: skip
+        self.config = SimpleNamespace(
+            time_horizon=T, n_action_steps=T, action_dim=D, state_dim=S, image_keys=[], image_size=None
+        )
         self.last_decode_info = None
 
     def predict_action_chunk(self, batch):
@@ -57,8 +58,13 @@ def serve(**options):
 def connect(port: int, source: str = "127.0.0.1", key: str | None = None, **kwargs):
     """A raw websocket from ``source`` (any 127.x.y.z is this host's loopback), metadata read."""
     headers = {"Authorization": f"Api-Key {key}"} if key else None
-    ws = _connect(f"ws://127.0.0.1:{port}", compression=None, additional_headers=headers,
-                  source_address=(source, 0), **(_CONNECT_EXTRAS | kwargs))  # fmt: skip
+    ws = _connect(
+        f"ws://127.0.0.1:{port}",
+        compression=None,
+        additional_headers=headers,
+        source_address=(source, 0),
+        **(_CONNECT_EXTRAS | kwargs),
+    )
     assert unpackb(ws.recv(timeout=10))["server"] == "vla serve"
     return ws
 
@@ -152,8 +158,11 @@ def test_many_short_connections_leave_no_slot_taken():
 @pytest.mark.parametrize(
     ("state", "match"),
     [
-        ("0.1 0.2 0.3 0.4 0.5", r"'observation/state' is a str \('0.1 0.2 0.3 0.4 0.5'\); send the robot state as "
-                                r"float \[5\]"),  # fmt: skip
+        (
+            "0.1 0.2 0.3 0.4 0.5",
+            r"'observation/state' is a str \('0.1 0.2 0.3 0.4 0.5'\); send the robot state as "
+            r"float \[5\]",
+        ),
         (np.array(["0.1"] * S), r"'observation/state': dtype '<U3' is refused: send bool, integer or float arrays"),
         ([0.1, None, 0.3, 0.4, 0.5], r"'observation/state' holds mixed values .*\(dtype \|O\); send the robot state"),
         ([[1.0, 2.0], [3.0]], r"'observation/state' is a ragged list .*; send the robot state as float \[5\]"),
@@ -174,12 +183,15 @@ def test_garbage_is_answered_with_what_arrived_and_what_to_send():
     with serve() as handle:
         ws = connect(handle.port)
         for message, match in [
-            (b"\xc1 not msgpack", r"not a msgpack message \(malformed msgpack\): received 13 bytes starting "
-                                  r"b'\\xc1 not msgpack'; send an observation map packed with msgpack-numpy"),
+            (
+                b"\xc1 not msgpack",
+                r"not a msgpack message \(malformed msgpack\): received 13 bytes starting "
+                r"b'\\xc1 not msgpack'; send an observation map packed with msgpack-numpy",
+            ),
             (b"", r"received an empty message \(0 bytes\)"),
             (bytes(range(100)), r"received 100 bytes starting b'\\x00\\x01.*'\.\.\.; send"),
             ("hello server", r"received a text frame \(12 characters: 'hello server'\); send observations as binary"),
-        ]:  # fmt: skip
+        ]:
             ws.send(message)
             reply = ws.recv(timeout=10)
             assert isinstance(reply, str) and re.search(match, reply), reply
@@ -304,11 +316,15 @@ def saved_history_policy(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     chunks = smooth_chunks(200, T, D, seed=0)
     states = np.random.default_rng(0).standard_normal((200, S))
-    config = VLAPolicy.config_class(preset="micro", time_horizon=T, n_action_steps=3, n_obs_steps=3, image_keys=[],
-                                    device="cpu", init_seed=0)  # fmt: skip
-    policy = VLAPolicy(config, action_tokenizer=at.FASTTokenizer.fit(chunks, vocab_size=256),
-                       action_normalizer=at.Normalizer.fit(chunks),
-                       state_normalizer=at.Normalizer.fit(states))  # fmt: skip
+    config = VLAPolicy.config_class(
+        preset="micro", time_horizon=T, n_action_steps=3, n_obs_steps=3, image_keys=[], device="cpu", init_seed=0
+    )
+    policy = VLAPolicy(
+        config,
+        action_tokenizer=at.FASTTokenizer.fit(chunks, vocab_size=256),
+        action_normalizer=at.Normalizer.fit(chunks),
+        state_normalizer=at.Normalizer.fit(states),
+    )
     path = tmp_path_factory.mktemp("served") / "policy"
     policy.save_pretrained(path)
     return path
@@ -317,8 +333,22 @@ def saved_history_policy(tmp_path_factory) -> Path:
 def test_vla_serve_answers_a_history_policys_faults(saved_history_policy):
     """``vla serve`` in its own process: the limits and the history in the metadata, a string state, garbage, silent
     clients at ``--max-clients 2`` closed after ``--idle-timeout``, and one state a message kept per connection."""
-    cmd = [sys.executable, "-m", "vla.cli", "serve", "--policy", str(saved_history_policy), "--port", "0",
-           "--max-clients", "2", "--idle-timeout", "3", "--threads", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vla.cli",
+        "serve",
+        "--policy",
+        str(saved_history_policy),
+        "--port",
+        "0",
+        "--max-clients",
+        "2",
+        "--idle-timeout",
+        "3",
+        "--threads",
+        "1",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:

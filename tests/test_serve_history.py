@@ -12,17 +12,19 @@ import threading
 import time
 from types import SimpleNamespace
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
-
-import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
+
 from vla.serve import ChunkExecutor, PolicyClient, Rate
 from vla.serve.server import PolicyServer, ServeConfig
 
-pytestmark = [pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-              pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 wcp = pytest.importorskip("openpi_client.websocket_client_policy")
 
 T, D, S, N = 6, 3, 5, 3
@@ -34,11 +36,15 @@ def micro_history_policy(state_dim: int = S, action_dim: int = D):
 
     chunks = smooth_chunks(200, T, action_dim, seed=0)
     states = np.random.default_rng(0).standard_normal((200, state_dim))
-    config = VLAPolicy.config_class(preset="micro", time_horizon=T, n_action_steps=3, n_obs_steps=N, image_keys=[],
-                                    device="cpu", init_seed=0)  # fmt: skip
-    return VLAPolicy(config, action_tokenizer=at.FASTTokenizer.fit(chunks, vocab_size=256),
-                     action_normalizer=at.Normalizer.fit(chunks),
-                     state_normalizer=at.Normalizer.fit(states)).eval()  # fmt: skip
+    config = VLAPolicy.config_class(
+        preset="micro", time_horizon=T, n_action_steps=3, n_obs_steps=N, image_keys=[], device="cpu", init_seed=0
+    )
+    return VLAPolicy(
+        config,
+        action_tokenizer=at.FASTTokenizer.fit(chunks, vocab_size=256),
+        action_normalizer=at.Normalizer.fit(chunks),
+        state_normalizer=at.Normalizer.fit(states),
+    ).eval()
 
 
 class Recording:
@@ -56,8 +62,15 @@ class HistoryStub:
     """Actions that spell out the history: ``actions[b, t, :] = state[b, min(t, n - 1), 0]``."""
 
     def __init__(self, state_dim: int = S):
-        self.config = SimpleNamespace(time_horizon=T, n_action_steps=T, action_dim=D, state_dim=state_dim,
-                                      image_keys=[], image_size=None, n_obs_steps=N)  # fmt: skip
+        self.config = SimpleNamespace(
+            time_horizon=T,
+            n_action_steps=T,
+            action_dim=D,
+            state_dim=state_dim,
+            image_keys=[],
+            image_size=None,
+            n_obs_steps=N,
+        )
         self.last_decode_info = None
 
     def predict_action_chunk(self, batch):
@@ -97,8 +110,9 @@ def test_metadata_says_how_to_send_the_history_and_openpis_client_gets_the_polic
         for k, rows in enumerate([[0, 0, 0], [0, 0, 1], [0, 1, 2], [1, 2, 3]]):
             np.testing.assert_array_equal(policy.seen[k][0].numpy(), states[rows])
         with torch.inference_mode():  # and the reply is what the policy answers for that history itself
-            expected = policy.policy.predict_action_chunk({"observation.state": torch.as_tensor(states[[1, 2, 3]])[None],
-                                                           "task": [TASK]})[0].numpy()  # fmt: skip
+            expected = policy.policy.predict_action_chunk(
+                {"observation.state": torch.as_tensor(states[[1, 2, 3]])[None], "task": [TASK]}
+            )[0].numpy()
         np.testing.assert_allclose(replies[3]["actions"], expected, rtol=1e-5, atol=1e-5)
         # the client's own history [n, S] in one message is read as it is
         own = client.infer({"observation/state": states[[3, 2, 1]], "prompt": TASK})
@@ -140,8 +154,9 @@ def test_concurrent_connections_in_one_batch_keep_their_own_histories():
             try:
                 barrier.wait()
                 for r in range(m):
-                    seen[i, r] = seen_history(clients[i].infer({"observation.state": state(100 * i + r), "prompt": TASK,
-                                                                "reset": r == 0}))  # fmt: skip
+                    seen[i, r] = seen_history(
+                        clients[i].infer({"observation.state": state(100 * i + r), "prompt": TASK, "reset": r == 0})
+                    )
             except Exception as err:  # noqa: BLE001 - reported by the assertion below
                 failures.append(repr(err))
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
 
-import action_tokenizers as at
 from vla import train
 from vla.config import load_config
-from vla.data.reader import dataset_info
 from vla.data.columns import action_chunks, chunk_states
+from vla.data.reader import dataset_info
 from vla.data.torch_dataset import ActionChunkDataset
-from vla.policy.pipeline import IMAGES, SEQUENCE, Collate
 from vla.policy import VLAConfig, VLAPolicy
+from vla.policy.pipeline import IMAGES, SEQUENCE, Collate
 
 A, B = "observation.images.top", "observation.images.wrist"  # 64x64 video, 48x80 PNG
 T, EPISODES, FRAMES = 4, 2, 12
@@ -38,8 +38,9 @@ def make_dataset(root: Path, *, state: bool) -> Path:
     }
     if state:
         features["observation.state"] = {"dtype": "float32", "shape": (3,), "names": ["a", "b", "c"]}
-    ds = LeRobotDataset.create("local/shapes", fps=10, features=features, root=root, use_videos=True,
-                               video_backend="pyav")  # fmt: skip
+    ds = LeRobotDataset.create(
+        "local/shapes", fps=10, features=features, root=root, use_videos=True, video_backend="pyav"
+    )
     for e in range(EPISODES):
         for k in range(FRAMES):
             frame = {"action": np.array([e, k / FRAMES], np.float32), "task": "move the square"}
@@ -71,8 +72,17 @@ def micro_policy(root: Path, image_keys: list[str], **overrides) -> VLAPolicy:
     action_norm = at.Normalizer.fit(chunks.reshape(-1, 2))
     tokenizer = at.BinningTokenizer.fit(action_norm.normalize(chunks), n_bins=32)
     state_norm = at.Normalizer.fit(chunk_states(info)) if info.state_dim else None
-    config = VLAConfig(preset="micro", time_horizon=T, n_action_steps=2, image_keys=image_keys, image_size=32,
-                       image_shift=0, device="cpu", init_seed=0, **overrides)  # fmt: skip
+    config = VLAConfig(
+        preset="micro",
+        time_horizon=T,
+        n_action_steps=2,
+        image_keys=image_keys,
+        image_size=32,
+        image_shift=0,
+        device="cpu",
+        init_seed=0,
+        **overrides,
+    )
     return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=action_norm, state_normalizer=state_norm)
 
 
@@ -108,8 +118,10 @@ def test_image_only_dataset_trains_a_policy_without_state(image_only, tmp_path):
     assert seq.state.shape == (4, 0) and not seq.state_slots.any()
     text = policy.layout.prefix_text_ids("move the square", np.zeros(0))
     assert text == [policy.vocab.text.bos_id, *policy.vocab.text.encode("Task: move the square;\n")]
-    assert policy.layout.prefix_ids("move the square", np.zeros(0))[: policy.layout.num_image_tokens] == \
-        [policy.vocab.text.image_id] * policy.model.image_tokens  # fmt: skip
+    assert (
+        policy.layout.prefix_ids("move the square", np.zeros(0))[: policy.layout.num_image_tokens]
+        == [policy.vocab.text.image_id] * policy.model.image_tokens
+    )
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
     before = [p.detach().clone() for p in policy.parameters()]
@@ -138,12 +150,26 @@ def test_image_only_dataset_trains_a_policy_without_state(image_only, tmp_path):
 
 def test_image_keys_from_the_config_choose_a_camera(two_cameras, tmp_path, capsys):
     """``--policy.image_keys`` picks the dataset's second camera (not the first, not all); the memory backend serves it."""
-    cfg = load_config(args=[
-        f"--dataset_root={two_cameras}", f"--output_dir={tmp_path}", "--steps=2", "--batch_size=4", "--save_every=2",
-        "--log_every=1", "--progress=false", "--ema_decay=0", "--tokenizer.type=bin", "--tokenizer.n_bins=32",
-        "--policy.preset=micro", f"--policy.time_horizon={T}", "--policy.n_action_steps=2", "--policy.device=cpu",
-        f"--policy.image_keys=[{B}]", "--policy.image_size=32",
-    ])  # fmt: skip
+    cfg = load_config(
+        args=[
+            f"--dataset_root={two_cameras}",
+            f"--output_dir={tmp_path}",
+            "--steps=2",
+            "--batch_size=4",
+            "--save_every=2",
+            "--log_every=1",
+            "--progress=false",
+            "--ema_decay=0",
+            "--tokenizer.type=bin",
+            "--tokenizer.n_bins=32",
+            "--policy.preset=micro",
+            f"--policy.time_horizon={T}",
+            "--policy.n_action_steps=2",
+            "--policy.device=cpu",
+            f"--policy.image_keys=[{B}]",
+            "--policy.image_size=32",
+        ]
+    )
     summary = train.main(cfg)
     assert np.isfinite(summary["final_loss"])
     assert "dataset backend: memory" in capsys.readouterr().out
@@ -156,11 +182,21 @@ def test_a_missing_camera_names_the_cameras_present(two_cameras, tmp_path):
     for backend in ("memory", "lerobot", "auto"):
         with pytest.raises(ValueError, match=f"did you mean '{B}'.*cameras present: {A}, {B}"):
             ActionChunkDataset(two_cameras, T, image_keys=[missing], backend=backend)
-    cfg = load_config(args=[
-        f"--dataset_root={two_cameras}", f"--output_dir={tmp_path}", "--steps=2", "--batch_size=4", "--progress=false",
-        "--tokenizer.type=bin", "--policy.preset=micro", f"--policy.time_horizon={T}", "--policy.n_action_steps=2",
-        "--policy.device=cpu", f"--policy.image_keys=[{missing}]",
-    ])  # fmt: skip
+    cfg = load_config(
+        args=[
+            f"--dataset_root={two_cameras}",
+            f"--output_dir={tmp_path}",
+            "--steps=2",
+            "--batch_size=4",
+            "--progress=false",
+            "--tokenizer.type=bin",
+            "--policy.preset=micro",
+            f"--policy.time_horizon={T}",
+            "--policy.n_action_steps=2",
+            "--policy.device=cpu",
+            f"--policy.image_keys=[{missing}]",
+        ]
+    )
     with pytest.raises(ValueError, match=f"{missing!r} is not a camera.*cameras present: {A}, {B}"):
         train.main(cfg)
     policy = micro_policy(two_cameras, [A, B])  # at inference: the observation lacks a camera the policy reads

@@ -276,7 +276,10 @@ def test_task_sets_and_lists_name_several_envs():
 
     mt10 = env_names("metaworld/mt10")
     assert len(mt10) == 10 and "metaworld/drawer-close-v3" in mt10 and "metaworld/window-open-v3" in mt10
-    assert env_names("metaworld/drawer-open-v3, drawer-close-v3") == ["metaworld/drawer-open-v3", "metaworld/drawer-close-v3"]
+    assert env_names("metaworld/drawer-open-v3, drawer-close-v3") == [
+        "metaworld/drawer-open-v3",
+        "metaworld/drawer-close-v3",
+    ]
     with pytest.raises(ValueError, match="did you mean 'drawer-open-v3'"):
         env_names("metaworld/drawr-open-v3")
     with pytest.raises(ValueError, match="twice"):
@@ -306,11 +309,16 @@ def test_mixed_task_episodes_run_each_on_its_own_env():
 
     def policy(observations):
         seen.extend(o["task"] for o in observations)
-        return [experts["metaworld/reach-v3" if o["task"].startswith("reach") else "metaworld/drawer-close-v3"](o)
-                for o in observations]  # fmt: skip
+        return [
+            experts["metaworld/reach-v3" if o["task"].startswith("reach") else "metaworld/drawer-close-v3"](o)
+            for o in observations
+        ]
 
-    episodes = [("metaworld/drawer-close-v3", EVAL_SEED_START), ("metaworld/reach-v3", EVAL_SEED_START),
-                ("metaworld/drawer-close-v3", EVAL_SEED_START + 1)]  # fmt: skip
+    episodes = [
+        ("metaworld/drawer-close-v3", EVAL_SEED_START),
+        ("metaworld/reach-v3", EVAL_SEED_START),
+        ("metaworld/drawer-close-v3", EVAL_SEED_START + 1),
+    ]
     results = run_episodes(envs, policy, episodes)
     assert [r.env for r in results] == [name for name, _ in episodes]
     assert all(r.success for r in results)

@@ -25,16 +25,18 @@ ROOT = Path(__file__).parents[1]
 
 
 def _study_text(dataset, *, steps=2, seeds="[0, 1, 2]", name="faults", extra=""):
-    return "\n".join([
-        f"name: {name}",
-        f"dataset: {dataset}",
-        "config: configs/debug.yaml",
-        f"train: [--steps={steps}]",
-        "tokenizers: {bin: [--tokenizer.type=bin, --tokenizer.n_bins=32], fast: [--tokenizer.type=fast]}",
-        f"seeds: {seeds}",
-        "eval: {env: metaworld, task: push-v3, episodes: 2, args: [--max-steps, '6']}",
-        extra,
-    ])
+    return "\n".join(
+        [
+            f"name: {name}",
+            f"dataset: {dataset}",
+            "config: configs/debug.yaml",
+            f"train: [--steps={steps}]",
+            "tokenizers: {bin: [--tokenizer.type=bin, --tokenizer.n_bins=32], fast: [--tokenizer.type=fast]}",
+            f"seeds: {seeds}",
+            "eval: {env: metaworld, task: push-v3, episodes: 2, args: [--max-steps, '6']}",
+            extra,
+        ]
+    )
 
 
 @pytest.fixture()
@@ -95,8 +97,12 @@ def _error(capsys, argv) -> str:
 
 CHANGES = {  # an edit of the study file -> how the refusal names it, and how many of the six runs it changes
     "steps": ("train: [--steps=2]", "train: [--steps=3]", "training arguments --steps=2 are now --steps=3", 6),
-    "tokenizer-option": ("fast: [--tokenizer.type=fast]", "fast: [--tokenizer.type=fast, --tokenizer.scale=20]",
-                         "training arguments (none) are now --tokenizer.scale=20", 3),
+    "tokenizer-option": (
+        "fast: [--tokenizer.type=fast]",
+        "fast: [--tokenizer.type=fast, --tokenizer.scale=20]",
+        "training arguments (none) are now --tokenizer.scale=20",
+        3,
+    ),
     "episodes": ("episodes: 2", "episodes: 3", "evaluation episodes 2 is now 3", 6),
     "eval-args": ("args: [--max-steps, '6']", "args: [--max-steps, '9']", "evaluation args ['--max-steps', '6']", 6),
     "threads": ("name: faults", "name: faults\nthreads: 2", "threads 1 are now 2", 6),
@@ -184,8 +190,11 @@ def test_rerun_changed_keeps_the_old_records_and_folders(fake, capsys):
     before = json.loads(fake.runs_json.read_text())
     (fake.work / "default-fast-s0").mkdir(parents=True)
     (fake.work / "default-fast-s0" / "identity.json").write_text(json.dumps(before["runs"][1]["identity"]))
-    fake.path.write_text(fake.path.read_text().replace("seeds: [0, 1, 2]", "seeds: [0]").replace(
-        "fast: [--tokenizer.type=fast]", "fast: [--tokenizer.type=fast, --tokenizer.scale=20]"))
+    fake.path.write_text(
+        fake.path.read_text()
+        .replace("seeds: [0, 1, 2]", "seeds: [0]")
+        .replace("fast: [--tokenizer.type=fast]", "fast: [--tokenizer.type=fast, --tokenizer.scale=20]")
+    )
     assert _error(capsys, ["study", "run", str(fake.path), *fake.args]).count("--rerun-changed") == 1
     assert json.loads(fake.runs_json.read_text()) == before
     assert list(fake.work.iterdir()) == [fake.work / "default-fast-s0"]
@@ -204,8 +213,11 @@ def test_a_name_that_leaves_the_results_folder_is_refused(fake, capsys, tmp_path
     project.mkdir()
     (project / "README.md").write_text("the project's page\n")
     monkeypatch.chdir(project)
-    fake.path.write_text(fake.path.read_text().replace("name: faults", 'name: ".."').replace(
-        "configs/debug.yaml", str(ROOT / "configs" / "debug.yaml")))
+    fake.path.write_text(
+        fake.path.read_text()
+        .replace("name: faults", 'name: ".."')
+        .replace("configs/debug.yaml", str(ROOT / "configs" / "debug.yaml"))
+    )
     err = _error(capsys, ["study", "run", str(fake.path), "--allow-dirty"])
     assert "'name' = '..' is invalid" in err
     fake.path.write_text(fake.path.read_text().replace('name: ".."', "name: faults"))
@@ -342,8 +354,9 @@ def test_sigterm_ends_the_training_child_and_releases_the_lock(tiny_dataset_root
     path.write_text(text.replace("--steps=100000", "--steps=100000, --policy.preset=micro"))
     work = tmp_path / "work"
     argv = ["study", "run", str(path), "--work", str(work), "--results", str(tmp_path / "results"), "--allow-dirty"]
-    parent = subprocess.Popen([sys.executable, "-m", "vla.cli", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "vla.cli", *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline, group = time.monotonic() + 120, None
         while group is None and time.monotonic() < deadline and parent.poll() is None:
@@ -375,10 +388,16 @@ MISTAKES = {  # a mistake in the study file: (what it replaces, with what, how t
     "task": ("task: push-v3", "task: psuh-v3", "task 'psuh-v3'"),
     "bool-seed": ("seeds: [0, 1, 2]", "seeds: [true, 0, 2]", "'seeds' = [True, 0, 2] is invalid"),
     "negative-seed": ("seeds: [0, 1, 2]", "seeds: [-1, 0, 1]", "'seeds' = [-1, 0, 1] is invalid"),
-    "dataset-root": ("--tokenizer.n_bins=32", "--tokenizer.n_bins=32, --dataset_root=/elsewhere",
-                     "--dataset_root is set by the study runner"),
-    "output-dir": ("--tokenizer.type=fast]", "--tokenizer.type=fast, --output-dir=x]",
-                   "--output_dir is set by the study runner"),
+    "dataset-root": (
+        "--tokenizer.n_bins=32",
+        "--tokenizer.n_bins=32, --dataset_root=/elsewhere",
+        "--dataset_root is set by the study runner",
+    ),
+    "output-dir": (
+        "--tokenizer.type=fast]",
+        "--tokenizer.type=fast, --output-dir=x]",
+        "--output_dir is set by the study runner",
+    ),
     "eval-policy": ("args: [--max-steps, '6']", "args: [--policy, other]", "--policy is set by the study runner"),
     "eval-unknown": ("args: [--max-steps, '6']", "args: [--numenvs, '2']", "'--numenvs' is no vla eval argument"),
     "eval-value": ("args: [--max-steps, '6']", "args: [--max-steps, six]", "are not vla eval arguments"),

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, make_env, make_expert
-from vla.sim import toy_env
+from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, make_env, make_expert, toy_env
 from vla.sim.rollout import run_episode
 
 ENV = "toy/obstacle"
@@ -33,7 +32,9 @@ def toy_root(tmp_path_factory):
 
 def test_expert_goes_both_ways_and_always_succeeds():
     sides = []
-    for seed in list(range(TRAIN_SEED_START, TRAIN_SEED_START + 30)) + list(range(EVAL_SEED_START, EVAL_SEED_START + 10)):
+    for seed in list(range(TRAIN_SEED_START, TRAIN_SEED_START + 30)) + list(
+        range(EVAL_SEED_START, EVAL_SEED_START + 10)
+    ):
         result, positions, side = expert_episode(seed)
         assert result.success and result.ret == 1.0, seed
         assert toy_env.side_of(positions) == side  # the trajectory passes the disc on the side the expert chose
@@ -105,8 +106,9 @@ def test_recording_holds_both_modes(toy_root):
 
 
 def test_hidden_for_matches_the_parameter_count():
-    from vla.regression import RegressionConfig, RegressionPolicy, hidden_for
     import action_tokenizers as at
+
+    from vla.regression import RegressionConfig, RegressionPolicy, hidden_for
 
     for target in (50_000, 1_000_000):
         config = RegressionConfig(4, 2, hidden=hidden_for(target, 4, 2, 10))
@@ -116,13 +118,17 @@ def test_hidden_for_matches_the_parameter_count():
 
 
 def test_regression_fits_a_small_batch():
-    from vla.regression import RegressionConfig, RegressionPolicy
     import action_tokenizers as at
+
+    from vla.regression import RegressionConfig, RegressionPolicy
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    batch = {"observation.state": rng.uniform(-1, 1, (16, 4)).astype(np.float32),
-             "action": rng.uniform(-1, 1, (16, 10, 2)).astype(np.float32), "action_is_pad": np.zeros((16, 10), bool)}
+    batch = {
+        "observation.state": rng.uniform(-1, 1, (16, 4)).astype(np.float32),
+        "action": rng.uniform(-1, 1, (16, 10, 2)).astype(np.float32),
+        "action_is_pad": np.zeros((16, 10), bool),
+    }
     policy = RegressionPolicy(RegressionConfig(4, 2, hidden=64), at.Normalizer.identity(2), at.Normalizer.identity(4))
     optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
     losses = []

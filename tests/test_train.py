@@ -2,20 +2,19 @@
 
 import json
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import action_tokenizers as at
-
-from vla import train
-from vla.policy.factory import build_policy
-from vla.config import TrainConfig, load_config
-from vla.tokenizer_choice import tokenizer_config
-from vla.policy import VLAConfig
-from vla.data.stats import frame_stats
 from tests.conftest import assert_plot
+from vla import train
+from vla.config import TrainConfig, load_config
+from vla.data.stats import frame_stats
+from vla.policy import VLAConfig
+from vla.policy.factory import build_policy
+from vla.tokenizer_choice import tokenizer_config
 
 
 def config(root, out, steps, **kw) -> TrainConfig:
@@ -23,8 +22,17 @@ def config(root, out, steps, **kw) -> TrainConfig:
         dataset_root=str(root),
         output_dir=str(out),
         tokenizer=kw.pop("tokenizer", tokenizer_config("fast", vocab_size=256)),
-        policy=kw.pop("policy", VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, scheduler_warmup_steps=1,
-                                          scheduler_decay_steps=4, device="cpu")),  # fmt: skip
+        policy=kw.pop(
+            "policy",
+            VLAConfig(
+                preset="micro",
+                time_horizon=4,
+                n_action_steps=2,
+                scheduler_warmup_steps=1,
+                scheduler_decay_steps=4,
+                device="cpu",
+            ),
+        ),
         steps=steps,
         batch_size=4,
         save_every=2,
@@ -36,8 +44,14 @@ def config(root, out, steps, **kw) -> TrainConfig:
 
 def test_resume_continues_exactly(tiny_dataset_root, tmp_path):
     # decay over 2 steps: LeRobot's schedule then depends on the step only, not on the run's length
-    policy = VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, scheduler_warmup_steps=1,
-                       scheduler_decay_steps=2, device="cpu")  # fmt: skip
+    policy = VLAConfig(
+        preset="micro",
+        time_horizon=4,
+        n_action_steps=2,
+        scheduler_warmup_steps=1,
+        scheduler_decay_steps=2,
+        device="cpu",
+    )
     straight = train.main(config(tiny_dataset_root, tmp_path / "a", steps=4, policy=policy))
     first = train.main(config(tiny_dataset_root, tmp_path / "b", steps=2, policy=policy))
     resumed = train.main(config(tiny_dataset_root, tmp_path / "b", steps=4, resume=True, policy=policy))
@@ -78,8 +92,16 @@ def test_step_sampler_is_a_function_of_the_step():
 
 def test_lr_schedule_is_the_policy_configs_lerobot_preset(tiny_dataset_root, tmp_path):
     """vla train steps LeRobot's cosine-with-warm-up preset of the policy config: warm-up, peak, decay to decay_lr."""
-    policy = VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, optimizer_lr=1e-3, scheduler_warmup_steps=2,
-                       scheduler_decay_steps=8, scheduler_decay_lr=1e-4, device="cpu")  # fmt: skip
+    policy = VLAConfig(
+        preset="micro",
+        time_horizon=4,
+        n_action_steps=2,
+        optimizer_lr=1e-3,
+        scheduler_warmup_steps=2,
+        scheduler_decay_steps=8,
+        scheduler_decay_lr=1e-4,
+        device="cpu",
+    )
     train.main(config(tiny_dataset_root, tmp_path, steps=8, policy=policy))
     lrs = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lrs[0] < lrs[1] <= 1e-3  # warming up
@@ -88,8 +110,15 @@ def test_lr_schedule_is_the_policy_configs_lerobot_preset(tiny_dataset_root, tmp
 
 def test_debug_config_trains_on_a_fixture_dataset(tiny_dataset_root, tmp_path):
     """configs/debug.yaml, as a user runs it (draccus reads --config_path), on the fixture dataset."""
-    cfg = load_config(args=["--config_path=configs/debug.yaml", f"--dataset_root={tiny_dataset_root}",
-                            f"--output_dir={tmp_path}", "--steps=6", "--progress=false"])  # fmt: skip
+    cfg = load_config(
+        args=[
+            "--config_path=configs/debug.yaml",
+            f"--dataset_root={tiny_dataset_root}",
+            f"--output_dir={tmp_path}",
+            "--steps=6",
+            "--progress=false",
+        ]
+    )
     summary = train.main(cfg)
     assert summary["steps"] == 6 and np.isfinite(summary["final_loss"]) and len(summary["losses"]) == 6
     assert (tmp_path / "policy" / "model.safetensors").is_file()
@@ -125,10 +154,28 @@ def test_heldout_measurement_leaves_training_alone(tiny_dataset_root, tmp_path):
     """Measuring every step (EMA weights swapped in and out, eval mode, decoding) gives the losses and weights of
     a run measured only at its end; the rows carry the held-out numbers, and push-v3's 39-D state does not hold
     its 4-D action, so the hold-state baseline is reported as not defined."""
-    every = train.main(config(tiny_dataset_root, tmp_path / "a", steps=3, heldout_episodes=0.25, eval_every=1,
-                              eval_chunks=4, report_chunks=8))  # fmt: skip
-    once = train.main(config(tiny_dataset_root, tmp_path / "b", steps=3, heldout_episodes=0.25, eval_every=100,
-                             eval_chunks=4, report_chunks=8))  # fmt: skip
+    every = train.main(
+        config(
+            tiny_dataset_root,
+            tmp_path / "a",
+            steps=3,
+            heldout_episodes=0.25,
+            eval_every=1,
+            eval_chunks=4,
+            report_chunks=8,
+        )
+    )
+    once = train.main(
+        config(
+            tiny_dataset_root,
+            tmp_path / "b",
+            steps=3,
+            heldout_episodes=0.25,
+            eval_every=100,
+            eval_chunks=4,
+            report_chunks=8,
+        )
+    )
     np.testing.assert_allclose(every["losses"], once["losses"], rtol=1e-6)
     a = load_file(str(tmp_path / "a" / "policy" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "policy" / "model.safetensors"))
@@ -155,24 +202,46 @@ def test_weighted_step_sampler_draws_by_weight_and_resumes():
         train.StepBatchSampler(10, 4, seed=1, start_step=0, steps=5, weights=np.zeros(10))
 
 
-
 # --- fine-tuning a saved policy (vla train --policy.path=DIR) -------------------------------------------------------
-FINETUNE = ["--heldout_episodes=0", "--batch_size=4", "--save_every=2", "--log_every=1", "--progress=false",
-            "--steps=2"]  # fmt: skip
+FINETUNE = [
+    "--heldout_episodes=0",
+    "--batch_size=4",
+    "--save_every=2",
+    "--log_every=1",
+    "--progress=false",
+    "--steps=2",
+]
 
 
-def test_finetuning_starts_from_the_saved_weights_and_keeps_tokenizer_and_normalisers(tiny_dataset_root, tmp_path,
-                                                                                        capsys):  # fmt: skip
+def test_finetuning_starts_from_the_saved_weights_and_keeps_tokenizer_and_normalisers(
+    tiny_dataset_root, tmp_path, capsys
+):
     from vla.cli import main
 
     source = train.main(config(tiny_dataset_root, tmp_path / "source", steps=2))["policy_path"]
     out = tmp_path / "finetuned"
     # a learning rate that barely moves the weights: what comes out is what went in, so training started from it
-    assert main(["train", f"--policy.path={source}", f"--dataset_root={tiny_dataset_root}", f"--output_dir={out}",
-                 "--policy.optimizer_lr=1e-9", "--policy.scheduler_decay_lr=0", *FINETUNE]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                f"--policy.path={source}",
+                f"--dataset_root={tiny_dataset_root}",
+                f"--output_dir={out}",
+                "--policy.optimizer_lr=1e-9",
+                "--policy.scheduler_decay_lr=0",
+                *FINETUNE,
+            ]
+        )
+        == 0
+    )
     assert f"fine-tuning {source}: its weights, fast tokenizer and normalisers kept" in capsys.readouterr().out
-    for name in ("action_tokenizer/action_tokenizer.json", "action_tokenizer/bpe.json", "action_normalizer.json",
-                 "state_normalizer.json"):  # fmt: skip
+    for name in (
+        "action_tokenizer/action_tokenizer.json",
+        "action_tokenizer/bpe.json",
+        "action_normalizer.json",
+        "state_normalizer.json",
+    ):
         assert (out / "policy" / name).read_bytes() == (tmp_path / "source" / "policy" / name).read_bytes(), name
     a = load_file(str(tmp_path / "source" / "policy" / "model.safetensors"))
     b = load_file(str(out / "policy" / "model.safetensors"))
@@ -182,9 +251,22 @@ def test_finetuning_starts_from_the_saved_weights_and_keeps_tokenizer_and_normal
     assert saved["tokenizer"] == {**saved["tokenizer"], "type": "fast", "pretrained_path": f"{source}/action_tokenizer"}
     assert json.loads((out / "policy" / "config.json").read_text())["time_horizon"] == 4  # the saved policy's
     # the same command resumes it (the folder's config is rebuilt the same way)
-    assert main(["train", f"--policy.path={source}", f"--dataset_root={tiny_dataset_root}", f"--output_dir={out}",
-                 "--policy.optimizer_lr=1e-9", "--policy.scheduler_decay_lr=0", *FINETUNE[:-1], "--steps=4",
-                 "--resume=true"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                f"--policy.path={source}",
+                f"--dataset_root={tiny_dataset_root}",
+                f"--output_dir={out}",
+                "--policy.optimizer_lr=1e-9",
+                "--policy.scheduler_decay_lr=0",
+                *FINETUNE[:-1],
+                "--steps=4",
+                "--resume=true",
+            ]
+        )
+        == 0
+    )
 
 
 def test_finetuning_refuses_what_the_saved_policy_cannot_take(tiny_dataset_root, tmp_path, capsys):
@@ -196,20 +278,37 @@ def test_finetuning_refuses_what_the_saved_policy_cannot_take(tiny_dataset_root,
     record("toy/obstacle", 2, toy, progress=False)
     out = tmp_path / "finetuned"
     cases = [
-        ([f"--dataset_root={toy}"], f"the policy at {source} reads and writes 4-D actions, 39-D state, but {toy} has "
-                                    "2-D actions, 2-D state; fine-tune it on data of the same robot"),
-        ([f"--dataset_root={tiny_dataset_root}", "--policy.time_horizon=6"],
-         f"the policy at {source} was trained with other settings than the config given (time_horizon: 4 -> 6)"),
-        ([f"--dataset_root={tiny_dataset_root}", "--tokenizer.type=bin"],
-         "--tokenizer.type does not apply with --policy.path: fine-tuning keeps the policy's own tokenizer"),
-    ]  # fmt: skip
+        (
+            [f"--dataset_root={toy}"],
+            f"the policy at {source} reads and writes 4-D actions, 39-D state, but {toy} has "
+            "2-D actions, 2-D state; fine-tune it on data of the same robot",
+        ),
+        (
+            [f"--dataset_root={tiny_dataset_root}", "--policy.time_horizon=6"],
+            f"the policy at {source} was trained with other settings than the config given (time_horizon: 4 -> 6)",
+        ),
+        (
+            [f"--dataset_root={tiny_dataset_root}", "--tokenizer.type=bin"],
+            "--tokenizer.type does not apply with --policy.path: fine-tuning keeps the policy's own tokenizer",
+        ),
+    ]
     for args, expected in cases:
         assert main(["train", f"--policy.path={source}", f"--output_dir={out}", *args, *FINETUNE]) == 1
         err = capsys.readouterr().err.strip()
         assert expected in err and len(err.splitlines()) == 1, err
         assert not out.exists()  # refused before anything was written
-    assert main(["train", f"--policy.path={tmp_path / 'source'}", f"--dataset_root={tiny_dataset_root}",
-                 f"--output_dir={out}", *FINETUNE]) == 1  # the run folder, not its policy/  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                f"--policy.path={tmp_path / 'source'}",
+                f"--dataset_root={tiny_dataset_root}",
+                f"--output_dir={out}",
+                *FINETUNE,
+            ]
+        )
+        == 1
+    )  # the run folder, not its policy/
     assert "(the run's policy is in its policy/ folder)" in capsys.readouterr().err and not out.exists()
 
 
@@ -219,15 +318,36 @@ def test_the_last_lines_give_the_offline_verdict_and_the_next_step(tiny_dataset_
     from vla.cli import main
 
     out = tmp_path / "run"
-    assert main(["train", f"--dataset_root={tiny_dataset_root}", f"--output_dir={out}", "--steps=2", "--batch_size=4",
-                 "--policy.preset=micro", "--policy.time_horizon=4", "--policy.n_action_steps=2",
-                 "--policy.scheduler_warmup_steps=1", "--policy.scheduler_decay_steps=40", "--policy.device=cpu",
-                 "--heldout_episodes=0.25", "--eval_chunks=8", "--report_chunks=16", "--progress=false",
-                 "--tokenizer.type=bin", "--tokenizer.n_bins=32"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                f"--dataset_root={tiny_dataset_root}",
+                f"--output_dir={out}",
+                "--steps=2",
+                "--batch_size=4",
+                "--policy.preset=micro",
+                "--policy.time_horizon=4",
+                "--policy.n_action_steps=2",
+                "--policy.scheduler_warmup_steps=1",
+                "--policy.scheduler_decay_steps=40",
+                "--policy.device=cpu",
+                "--heldout_episodes=0.25",
+                "--eval_chunks=8",
+                "--report_chunks=16",
+                "--progress=false",
+                "--tokenizer.type=bin",
+                "--tokenizer.n_bins=32",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
-    warning = ("WARNING: --steps=2 ends before the learning-rate schedule has decayed (policy.scheduler_decay_steps="
-               "40): its last step runs at 99% of the peak learning rate; pass --policy.scheduler_decay_steps=2 to "
-               "decay within the run")  # warmed up over 1 step, then 2 of 40 steps of cosine decay
+    warning = (
+        "WARNING: --steps=2 ends before the learning-rate schedule has decayed (policy.scheduler_decay_steps="
+        "40): its last step runs at 99% of the peak learning rate; pass --policy.scheduler_decay_steps=2 to "
+        "decay within the run"
+    )  # warmed up over 1 step, then 2 of 40 steps of cosine decay
     assert warning in lines and lines.index(warning) < lines.index(f"report in {out / 'offline_report.md'}")
     report = json.loads((out / "offline_report.json").read_text())
     said = {True: "yes", False: "no"}
@@ -235,35 +355,49 @@ def test_the_last_lines_give_the_offline_verdict_and_the_next_step(tiny_dataset_
     rmse = report["policy"]["rmse"]
     assert f"beats the mean action: {said[report['beats_mean_action']]} ({rmse:.3f} vs " in verdict
     hold = report["beats_hold_state"]
-    assert (f"beats holding the state: {said[hold]} (" if hold is not None else
-            f"holding the state: not defined ({report['hold_state_undefined_because']})") in verdict
+    assert (
+        f"beats holding the state: {said[hold]} ("
+        if hold is not None
+        else f"holding the state: not defined ({report['hold_state_undefined_because']})"
+    ) in verdict
     assert verdict.endswith("held-out RMSE, normalised, 1 held-out episode (a noisy verdict)")
     assert lines[-1].startswith("next: ") and lines[-1].endswith(  # the next step is the last line
-        "; and set --policy.scheduler_decay_steps to the run's steps (it had not decayed by step 2)")
+        "; and set --policy.scheduler_decay_steps to the run's steps (it had not decayed by step 2)"
+    )
     final = next(i for i, line in enumerate(lines) if line.startswith("final loss "))
     assert final < lines.index(verdict) and (out / "policy" / "config.json").is_file()
     lr = next(line for line in lines if line.startswith("learning rate at the end: "))
-    assert lr.endswith("of its peak: the schedule decays over 40 steps (policy.scheduler_decay_steps) and the run "
-                       "stopped at 2")
+    assert lr.endswith(
+        "of its peak: the schedule decays over 40 steps (policy.scheduler_decay_steps) and the run stopped at 2"
+    )
 
 
 def test_the_next_step_follows_the_verdict(tmp_path):
     cfg = TrainConfig(dataset_root="data", output_dir=str(tmp_path))
     base = {"mean_action": {"rmse": 0.64}, "hold_state": {"rmse": 0.276}}
-    report = {"policy": {"rmse": 0.35}, "baselines": base, "heldout_episodes": [3], "beats_mean_action": True,
-              "beats_hold_state": False}
+    report = {
+        "policy": {"rmse": 0.35},
+        "baselines": base,
+        "heldout_episodes": [3],
+        "beats_mean_action": True,
+        "beats_hold_state": False,
+    }
     lines = train.final_lines(report, tmp_path, cfg, 300, 1e-3, 1e-3, 300)
-    assert lines == ["offline verdict: beats the mean action: yes (0.350 vs 0.640); beats holding the state: no (0.350 "
-                     "vs 0.276); held-out RMSE, normalised, 1 held-out episode (a noisy verdict)",
-                     "next: train longer (--steps=600) or record more episodes; a policy that does not beat holding "
-                     "the state will mostly stand still on the robot"]
+    assert lines == [
+        "offline verdict: beats the mean action: yes (0.350 vs 0.640); beats holding the state: no (0.350 "
+        "vs 0.276); held-out RMSE, normalised, 1 held-out episode (a noisy verdict)",
+        "next: train longer (--steps=600) or record more episodes; a policy that does not beat holding "
+        "the state will mostly stand still on the robot",
+    ]
     good = {**report, "policy": {"rmse": 0.2}, "beats_hold_state": True, "heldout_episodes": [1, 2, 3]}
     assert train.final_lines(good, tmp_path, cfg, 300, 1e-4, 1e-3, 300)[-1] == (
         f"next: run it: vla serve --policy {tmp_path / 'policy'} (on a robot), or vla eval --policy "
-        f"{tmp_path / 'policy'} (in a simulator)")
+        f"{tmp_path / 'policy'} (in a simulator)"
+    )
     assert train.final_lines(None, tmp_path, cfg, 300, 1e-4, 1e-3, 300) == [
         "offline verdict: none, no episode was held out; pass --heldout_episodes=0.1 to measure the policy against the "
-        "mean action and holding the state"]
+        "mean action and holding the state"
+    ]
 
 
 def test_the_tokenizers_choices_from_the_data_are_said_and_kept_through_a_resume(tiny_dataset_root, tmp_path, capsys):

@@ -14,10 +14,10 @@ import torch
 
 from vla.cli import main
 from vla.compare import load_split
-from vla.data.reader import dataset_info
 from vla.data.columns import action_chunks
-from vla.data.videos import check_videos, video_index
+from vla.data.reader import dataset_info
 from vla.data.torch_dataset import MEMORY_BUDGET, ActionChunkDataset, choose_backend, frame_bytes, open_dataset
+from vla.data.videos import check_videos, video_index
 from vla.io import read_json
 
 CAM = "observation.images.corner2"
@@ -34,8 +34,24 @@ def recorded(tmp_path_factory) -> dict[str, Path]:
     roots = {}
     for fmt, extra in (("video", []), ("png", ["--image-format", "png"])):
         roots[fmt] = tmp_path_factory.mktemp("video") / fmt
-        args = ["data", "record", "--images", "--image-size", str(SIZE), "--camera", CAM, "--episodes", "2",
-                "--max-steps", str(STEPS), "--keep-failed", "--quiet", "--root", str(roots[fmt]), *extra]  # fmt: skip
+        args = [
+            "data",
+            "record",
+            "--images",
+            "--image-size",
+            str(SIZE),
+            "--camera",
+            CAM,
+            "--episodes",
+            "2",
+            "--max-steps",
+            str(STEPS),
+            "--keep-failed",
+            "--quiet",
+            "--root",
+            str(roots[fmt]),
+            *extra,
+        ]
         assert main(args) == 0
     return roots
 
@@ -50,7 +66,9 @@ def test_record_stores_video_by_default_and_png_on_request(recorded):
     assert not (recorded["video"] / "images").exists()  # LeRobot's staging frames are gone once encoded
     # vla compare reads actions only: the same chunks from both
     np.testing.assert_array_equal(action_chunks(video, T)[0], action_chunks(png, T)[0])
-    np.testing.assert_array_equal(load_split(recorded["video"], T, 0.5, 0).train, load_split(recorded["png"], T, 0.5, 0).train)
+    np.testing.assert_array_equal(
+        load_split(recorded["video"], T, 0.5, 0).train, load_split(recorded["png"], T, 0.5, 0).train
+    )
 
 
 def test_decoded_video_matches_the_png_frames_within_the_codec_tolerance(recorded):
@@ -81,7 +99,12 @@ def test_memory_backend_serves_the_lerobot_backends_samples(recorded, fmt):
         memory = ActionChunkDataset(root, T, image_size=size, backend="memory", progress=False)
         lerobot = ActionChunkDataset(root, T, image_size=size, backend="lerobot")
         assert len(memory) == len(lerobot)
-        assert memory._images[CAM].dtype == torch.uint8 and memory._images[CAM].shape == (2 * STEPS, 3, size or 64, size or 64)
+        assert memory._images[CAM].dtype == torch.uint8 and memory._images[CAM].shape == (
+            2 * STEPS,
+            3,
+            size or 64,
+            size or 64,
+        )
         for i in (0, 1, STEPS - 1, STEPS, 2 * STEPS - 1):
             m, r = memory[i], lerobot[i]
             assert m.keys() == r.keys()
@@ -96,7 +119,9 @@ def test_memory_backend_serves_the_lerobot_backends_samples(recorded, fmt):
 def test_auto_backend_takes_memory_when_the_frames_fit(recorded):
     root = recorded["video"]
     assert frame_bytes(root, [CAM], 32) == 2 * STEPS * 32 * 32 * 3
-    assert choose_backend(root, [CAM], 32)[0] == "memory" and choose_backend(root, [CAM], 32, budget=1000)[0] == "lerobot"
+    assert (
+        choose_backend(root, [CAM], 32)[0] == "memory" and choose_backend(root, [CAM], 32, budget=1000)[0] == "lerobot"
+    )
     assert "MiB" in choose_backend(root, [CAM], 32, budget=1000)[1] and MEMORY_BUDGET == 2 * 1024**3
     assert choose_backend(root, [])[0] == "memory"
     assert ActionChunkDataset(root, T, image_size=32, backend="auto", progress=False).backend == "memory"

@@ -6,22 +6,22 @@ from __future__ import annotations
 
 import json
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import torch
+from action_tokenizers.synthetic import smooth_chunks
 from torch import nn
 
-import action_tokenizers as at
-from action_tokenizers.synthetic import smooth_chunks
 from tests.conftest import D, T, fitted_tokenizers
 from vla.model.decode import generate
 from vla.model.lean import LeanSteps
 from vla.model.prefix_lm import build_model
 from vla.model.presets import get_preset
-from vla.policy.pipeline import IMAGES, SEQUENCE, run
-from vla.policy import VLAConfig, VLAPolicy
-from vla.model.vocab import VocabMap
 from vla.model.vision import ConvEncoder, KeypointEncoder, spatial_softmax
+from vla.model.vocab import VocabMap
+from vla.policy import VLAConfig, VLAPolicy
+from vla.policy.pipeline import IMAGES, SEQUENCE, run
 
 S = 5  # state dimension
 CAM = "observation.images.front"
@@ -33,8 +33,15 @@ def make_policy(**overrides) -> VLAPolicy:
     """A micro policy with one camera and the keypoint encoder (the pattern of tests/test_policy.py)."""
     actions = 3.0 * smooth_chunks(200, T, D, seed=7) + 1.0
     states = np.random.default_rng(0).standard_normal((200, S))
-    options = dict(preset="micro", time_horizon=T, n_action_steps=4, image_keys=[CAM], device="cpu", init_seed=0,
-                   vision_encoder="keypoints")  # fmt: skip
+    options = dict(
+        preset="micro",
+        time_horizon=T,
+        n_action_steps=4,
+        image_keys=[CAM],
+        device="cpu",
+        init_seed=0,
+        vision_encoder="keypoints",
+    )
     return VLAPolicy(
         VLAConfig(**(options | overrides)),
         action_tokenizer=fitted_tokenizers()["fast"],
@@ -154,9 +161,18 @@ def test_a_keypoint_policy_decodes_leanly_and_survives_save_and_load(tmp_path):
     before = policy.predict_action_chunk(batch)
     assert before.shape == (2, T, D) and policy.last_decode_info.valid.all()
     prompt = run(policy.pipeline.prompt, batch)
-    ids = [generate(policy.model, prompt[SEQUENCE], vocab=policy.vocab, constraint=policy.constraint,
-                    images=prompt[IMAGES], max_new_tokens=policy.max_new_tokens, lean=lean).ids
-           for lean in (True, False)]  # fmt: skip
+    ids = [
+        generate(
+            policy.model,
+            prompt[SEQUENCE],
+            vocab=policy.vocab,
+            constraint=policy.constraint,
+            images=prompt[IMAGES],
+            max_new_tokens=policy.max_new_tokens,
+            lean=lean,
+        ).ids
+        for lean in (True, False)
+    ]
     assert ids[0] == ids[1]  # the lean prefill reads the new tower as transformers' forward does
 
     policy.save_pretrained(tmp_path / "ckpt")
@@ -186,8 +202,11 @@ def test_the_loss_reaches_the_conv_stem_and_the_images_matter():
 
 
 def test_a_bad_vision_encoder_name_is_refused_clearly():
-    with pytest.raises(ValueError, match=r"vision_encoder = 'keypoint' is invalid: use one of siglip, keypoints, conv "
-                                         r"or 'auto' .*; did you mean 'keypoints'\?"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"vision_encoder = 'keypoint' is invalid: use one of siglip, keypoints, conv "
+        r"or 'auto' .*; did you mean 'keypoints'\?",
+    ):
         VLAConfig(vision_encoder="keypoint", device="cpu")
     with pytest.raises(ValueError, match=r"unknown vision encoder 'resnet'.*known: siglip, keypoints, conv"):
         build_model("micro", VocabMap.compact(256), num_cameras=1, vision_encoder="resnet")
@@ -230,14 +249,27 @@ def test_a_conv_policy_learns_to_act_on_its_camera():
         images, actions = dot_actions(512, 32, g)
         norm = at.Normalizer.fit(actions.reshape(-1, 1).numpy())
         tokenizer = at.get_tokenizer_class("bin").fit(norm.normalize(actions.numpy()), n_bins=16)
-        config = VLAConfig(preset="micro", time_horizon=2, n_action_steps=2, image_keys=[CAM], image_size=32,
-                           state_dim=0, device="cpu", init_seed=0, vision_encoder="conv", image_shift=0)  # fmt: skip
+        config = VLAConfig(
+            preset="micro",
+            time_horizon=2,
+            n_action_steps=2,
+            image_keys=[CAM],
+            image_size=32,
+            state_dim=0,
+            device="cpu",
+            init_seed=0,
+            vision_encoder="conv",
+            image_shift=0,
+        )
         policy = VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=norm).train()
         opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
 
         def batch(rows: torch.Tensor, blank: bool = False) -> dict:
-            return {CAM: torch.zeros_like(images[rows]) if blank else images[rows], "action": actions[rows],
-                    "task": ["go to the dot's column"] * len(rows)}  # fmt: skip
+            return {
+                CAM: torch.zeros_like(images[rows]) if blank else images[rows],
+                "action": actions[rows],
+                "task": ["go to the dot's column"] * len(rows),
+            }
 
         for _ in range(500):
             loss = policy.forward(batch(torch.randint(0, 448, (32,), generator=g)))[0]

@@ -35,15 +35,43 @@ LAST = "last.json"
 CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
 FORMAT_VERSION = 1
-RUN_FILES = (CHECKPOINTS, CONFIG, METRICS, "policy", "loss.png", "heldout.json", "heldout.png", "offline_report.json",
-             "offline_report.md", "offline_report.png")
+RUN_FILES = (
+    CHECKPOINTS,
+    CONFIG,
+    METRICS,
+    "policy",
+    "loss.png",
+    "heldout.json",
+    "heldout.png",
+    "offline_report.json",
+    "offline_report.md",
+    "offline_report.png",
+)
 # Settings a resumed run may change: how long, how often it saves and logs, how it loads data, what it shows.
 # output_dir is the folder being resumed, however it is spelled (a run folder may move).
-CHANGEABLE = {"steps", "save_every", "log_every", "keep_last", "num_workers", "progress", "resume", "overwrite",
-              "mixed_precision", "eval_every", "eval_chunks", "report_chunks", "output_dir"}
+CHANGEABLE = {
+    "steps",
+    "save_every",
+    "log_every",
+    "keep_last",
+    "num_workers",
+    "progress",
+    "resume",
+    "overwrite",
+    "mixed_precision",
+    "eval_every",
+    "eval_chunks",
+    "report_chunks",
+    "output_dir",
+}
 # Settings that name a file or folder: equal when they name the same one (`ds` from /data and `/data/ds` agree).
-PATHS = {"dataset_root", "tokenizer.pretrained_path", "policy.backbone_path", "policy.action_tokenizer_path",
-         "policy.pretrained_path"}
+PATHS = {
+    "dataset_root",
+    "tokenizer.pretrained_path",
+    "policy.backbone_path",
+    "policy.action_tokenizer_path",
+    "policy.pretrained_path",
+}
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -51,7 +79,9 @@ class DiskFull(OSError):
     """A write met a full disk; the message names the folder, the space needed and the fix."""
 
 
-def save_checkpoint(run: Path, step: int, policy, optimizer, ema: dict[str, torch.Tensor] | None, keep_last: int = 0) -> Path:
+def save_checkpoint(
+    run: Path, step: int, policy, optimizer, ema: dict[str, torch.Tensor] | None, keep_last: int = 0
+) -> Path:
     """Everything needed to continue exactly, as JSON + safetensors, written atomically; older ones pruned."""
     target = run / CHECKPOINTS / f"step_{step:07d}"
     opt_state = optimizer.state_dict()
@@ -68,8 +98,12 @@ def save_checkpoint(run: Path, step: int, policy, optimizer, ema: dict[str, torc
             save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
             if ema is not None:
                 save_file({k: v.contiguous() for k, v in ema.items()}, str(tmp / "ema.safetensors"))
-            state = {"format_version": FORMAT_VERSION, "step": step, "param_groups": opt_state["param_groups"],
-                     "param_names": names}  # fmt: skip
+            state = {
+                "format_version": FORMAT_VERSION,
+                "step": step,
+                "param_groups": opt_state["param_groups"],
+                "param_names": names,
+            }
             atomic_write_text(tmp / "trainer_state.json", json.dumps(state) + "\n")
         atomic_write_text(run / CHECKPOINTS / LAST, json.dumps({"step": step, "path": target.name}) + "\n")
     except Exception as err:  # the temporary folder is gone: the last complete checkpoint stays the last
@@ -92,8 +126,10 @@ def latest_checkpoint(run: Path) -> Path | None:
         return done[-1] if done else None
     path = run / CHECKPOINTS / read_json(pointer, "checkpoint pointer")["path"]
     if not (path / "trainer_state.json").is_file():
-        raise ValueError(f"{pointer} names {path.name}, which is missing or incomplete; remove {pointer} to resume "
-                         "from an older checkpoint, or start again with --overwrite=true")  # fmt: skip
+        raise ValueError(
+            f"{pointer} names {path.name}, which is missing or incomplete; remove {pointer} to resume "
+            "from an older checkpoint, or start again with --overwrite=true"
+        )
     return path
 
 
@@ -115,7 +151,9 @@ def load_checkpoint(path: Path, policy, optimizer) -> tuple[int, dict[str, torch
 
 def remove_debris(run: Path) -> list[Path]:
     """Delete what a killed atomic save left behind (hidden ``.NAME.tmp-*`` / ``.NAME.old-*`` folders and files)."""
-    found = [p for folder in (run, run / CHECKPOINTS) for pattern in (".*.tmp-*", ".*.old-*") for p in folder.glob(pattern)]
+    found = [
+        p for folder in (run, run / CHECKPOINTS) for pattern in (".*.tmp-*", ".*.old-*") for p in folder.glob(pattern)
+    ]
     for path in found:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return found
@@ -135,8 +173,10 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
     unsaved = bool(holds) and not any((run / CHECKPOINTS).glob("step_*")) and not (run / "policy").exists()
     if not resume:
         if holds and not overwrite and not unsaved:
-            raise ValueError(f"{run} already holds a run ({', '.join(holds)}); resume it with --resume=true, choose "
-                             "another --output_dir, or replace it with --overwrite=true")  # fmt: skip
+            raise ValueError(
+                f"{run} already holds a run ({', '.join(holds)}); resume it with --resume=true, choose "
+                "another --output_dir, or replace it with --overwrite=true"
+            )
         if unsaved and not overwrite:
             log(f"{run} holds a run that saved no checkpoint ({', '.join(holds)}): starting it again from step 0")
         _remove(run, holds)
@@ -148,9 +188,11 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
         return None
     if checkpoint is None:
         if holds:
-            raise ValueError(f"--resume=true but {run} holds no checkpoint to resume from (it holds "
-                             f"{', '.join(holds)}); replace the run with --overwrite=true, or choose another "
-                             "--output_dir")  # fmt: skip
+            raise ValueError(
+                f"--resume=true but {run} holds no checkpoint to resume from (it holds "
+                f"{', '.join(holds)}); replace the run with --overwrite=true, or choose another "
+                "--output_dir"
+            )
         raise ValueError(f"--resume=true but {run / CHECKPOINTS} holds no checkpoint; drop --resume to start fresh")
     _check_unchanged(run, encoded)
     for path in remove_debris(run):
@@ -179,12 +221,15 @@ def _check_unchanged(run: Path, encoded: dict[str, Any]) -> None:
     if saved is None:
         return
     new, old = _flatten(encoded), _flatten(saved)
-    changed = sorted(k for k in new.keys() | old.keys()
-                     if k.split(".")[0] not in CHANGEABLE and not _same(k, old.get(k), new.get(k)))  # fmt: skip
+    changed = sorted(
+        k for k in new.keys() | old.keys() if k.split(".")[0] not in CHANGEABLE and not _same(k, old.get(k), new.get(k))
+    )
     if changed:
         detail = "; ".join(_change(k, old.get(k), new.get(k)) for k in changed[:6])
-        raise ValueError(f"--resume=true with settings that cannot change mid-run ({detail}); resume with the "
-                         f"run's own settings (see {run / CONFIG}), or start a new run in another --output_dir")  # fmt: skip
+        raise ValueError(
+            f"--resume=true with settings that cannot change mid-run ({detail}); resume with the "
+            f"run's own settings (see {run / CONFIG}), or start a new run in another --output_dir"
+        )
 
 
 def _resolved(value: Any) -> Any:
@@ -215,15 +260,19 @@ def check_writable(run: Path) -> None:
             break
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
-        raise ValueError(f"--output_dir {run} cannot be created: {existing} is a file, not a folder; choose another "
-                         "--output_dir (or move that file)")  # fmt: skip
+        raise ValueError(
+            f"--output_dir {run} cannot be created: {existing} is a file, not a folder; choose another "
+            "--output_dir (or move that file)"
+        )
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".vla-write-check-", dir=existing))
     except OSError as err:
         reason = err.strerror or str(err)
-        raise ValueError(f"--output_dir {run} cannot be written: {existing} refuses new files ({reason}); choose a "
-                         "folder you can write (e.g. outputs/train/NAME), or give yourself write access to "
-                         f"{existing}") from None  # fmt: skip
+        raise ValueError(
+            f"--output_dir {run} cannot be written: {existing} refuses new files ({reason}); choose a "
+            "folder you can write (e.g. outputs/train/NAME), or give yourself write access to "
+            f"{existing}"
+        ) from None
 
 
 def no_space(err: BaseException, run: Path, what: str, need: int | None = None) -> OSError | None:
@@ -233,8 +282,13 @@ def no_space(err: BaseException, run: Path, what: str, need: int | None = None) 
     if isinstance(err, DiskFull):  # already says what it needed
         return err
     text = str(err)
-    if not (isinstance(err, OSError) and err.errno in NO_SPACE
-            or "No space left" in text or "StorageFull" in text or "Disk quota exceeded" in text):  # fmt: skip
+    if not (
+        isinstance(err, OSError)
+        and err.errno in NO_SPACE
+        or "No space left" in text
+        or "StorageFull" in text
+        or "Disk quota exceeded" in text
+    ):
         return None
     folder = run
     while not folder.exists() and folder.parent != folder:
@@ -244,13 +298,18 @@ def no_space(err: BaseException, run: Path, what: str, need: int | None = None) 
         last = latest_checkpoint(run)
     except ValueError:
         last = None
-    kept = (f"the last checkpoint ({last.relative_to(run)}) is intact" if last is not None
-            else "no checkpoint was written yet")  # fmt: skip
+    kept = (
+        f"the last checkpoint ({last.relative_to(run)}) is intact"
+        if last is not None
+        else "no checkpoint was written yet"
+    )
     again = "resume with --resume=true" if last is not None else "run the same command again"
-    full = DiskFull(f"no space left on the disk of {run} to write {what}: it needs about "
-                   f"{_size(need) if need else 'more than is free'}, {_size(free)} are free; nothing was half-written "
-                   f"and {kept}. Free space there (older runs, or --keep_last=1 to keep fewer checkpoints) or move the "
-                   f"run folder to a disk with room, then {again}")  # fmt: skip
+    full = DiskFull(
+        f"no space left on the disk of {run} to write {what}: it needs about "
+        f"{_size(need) if need else 'more than is free'}, {_size(free)} are free; nothing was half-written "
+        f"and {kept}. Free space there (older runs, or --keep_last=1 to keep fewer checkpoints) or move the "
+        f"run folder to a disk with room, then {again}"
+    )
     full.errno = errno.ENOSPC
     return full
 

@@ -113,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if extra and not getattr(args, "accepts_extra", False):  # one line that names the fix, not the usage
-        print(f"vla {args.command}: error: {unknown_options(extra, options)} (vla {args.command} --help lists every "
-              "option)", file=sys.stderr)
+        print(
+            f"vla {args.command}: error: {unknown_options(extra, options)} (vla {args.command} --help lists every "
+            "option)",
+            file=sys.stderr,
+        )
         return 2
     if extra:
         args.extra = extra

@@ -24,18 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import action_tokenizers as at
 import numpy as np
+from lerobot.utils.constants import ACTION
 from tqdm.auto import tqdm
 
-import action_tokenizers as at
-from lerobot.utils.constants import ACTION
-
-from vla.data import columns, reader
-from vla.policy.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
 from vla.compare_report import markdown_table, recommendation_text, write_outputs
+from vla.data import columns, reader
 from vla.io import atomic_directory
-from vla.tokenizer_choice import TokenizerConfig, parse_choice, tokenizer_config
+from vla.policy.pipeline import ACTION_IDS, DetokenizeActions, Normalize, Unnormalize, run
 from vla.provenance import provenance
+from vla.tokenizer_choice import TokenizerConfig, parse_choice, tokenizer_config
 
 # The comparison's default entries: every registered tokenizer, plus FAST with the published byte-level BPE.
 DEFAULT_TOKENIZERS = ("fast", "fast:byte_level=true", *(n for n in at.TOKENIZERS if n != "fast"))
@@ -209,7 +208,9 @@ def measure(tok: at.ActionTokenizer, split: Split, tolerance: float, n_random: i
     ok = out["valid"]  # byte-level FAST can drop a value never seen at fit time: that chunk is NaN, counted apart
     norm_err = error_stats(out[ACTION][ok], held[ok])
     raw_err = error_stats(raw[ok], split.heldout_raw[ok])
-    worst = np.where(ok, np.abs(np.nan_to_num(out[ACTION]) - held).max(axis=(1, 2)), np.inf)  # [M]; an invalid chunk counts as over
+    worst = np.where(
+        ok, np.abs(np.nan_to_num(out[ACTION]) - held).max(axis=(1, 2)), np.inf
+    )  # [M]; an invalid chunk counts as over
     used = np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in ids]))
 
     # Decodability: random ids of realistic lengths, real ids with one edit, and constrained walks.
@@ -287,8 +288,10 @@ def compare(
         raise ValueError(f"--max-rmse must be > 0 (normalised units), got {max_rmse}; e.g. --max-rmse {MAX_RMSE}")
     split = load_split(root, time_horizon, heldout, seed, log)
     t, d = split.time_horizon, split.heldout.shape[2]
-    log(f"{len(split.train)} training chunks ({len(split.train_episodes)} episodes), {len(split.heldout)} held-out "
-        f"chunks ({len(split.heldout_episodes)} episodes), T={t}, D={d}")  # fmt: skip
+    log(
+        f"{len(split.train)} training chunks ({len(split.train_episodes)} episodes), {len(split.heldout)} held-out "
+        f"chunks ({len(split.heldout_episodes)} episodes), T={t}, D={d}"
+    )
     results: dict[str, Any] = {
         "dataset": str(root),
         "time_horizon": t,
@@ -314,8 +317,17 @@ def compare(
     if do_sweep:
         results["sweep"] = sweep(split, entries, fit_options, log)
     results["recommendation"] = recommend(results, entries)
-    settings = dict(tokenizers=[e.label for e in entries], time_horizon=t, heldout=heldout, sweep=do_sweep,
-                    tolerance=tolerance, n_random=n_random, seed=seed, fit_options=fit_options, max_rmse=max_rmse)
+    settings = dict(
+        tokenizers=[e.label for e in entries],
+        time_horizon=t,
+        heldout=heldout,
+        sweep=do_sweep,
+        tolerance=tolerance,
+        n_random=n_random,
+        seed=seed,
+        fit_options=fit_options,
+        max_rmse=max_rmse,
+    )
     results["provenance"] = provenance(config=settings, dataset=root)
     with atomic_directory(out_dir) as tmp:  # the whole folder appears at once, or not at all
         write_outputs(results, tmp)
@@ -330,8 +342,7 @@ def check_out(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file; compare writes a folder (compare.json, compare.md, plots)")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise ValueError(f"--out {out_dir} already holds files; choose a new folder, or pass --overwrite to replace "
-                         "it")
+        raise ValueError(f"--out {out_dir} already holds files; choose a new folder, or pass --overwrite to replace it")
 
 
 def entry_fit_options(entry: Entry, fit_options: dict[str, dict]) -> dict[str, Any]:
@@ -380,20 +391,41 @@ def add_cli(subparsers) -> None:
     p.add_argument("--root", "--dataset_root", type=Path, required=True, help="a local LeRobot v3.0 dataset")
     p.add_argument("--out", type=Path, required=True, help="folder for compare.json, compare.md and the plots")
     p.add_argument(
-        "--tokenizers", default=" ".join(DEFAULT_TOKENIZERS),
-        help="space-separated entries name[:option=value,...] of " + ", ".join(at.TOKENIZERS) + " (default: %(default)s)",
-    )  # fmt: skip
-    p.add_argument("--time-horizon", "--time_horizon", type=int, default=None,
-                   help="T; default the chunk vla train chooses (0.5 s at the fps, cut to the longest episode)")
-    p.add_argument("--max-rmse", type=float, default=MAX_RMSE,
-                   help="the recommendation's error bound, RMSE in normalised units (default: %(default)s)")
+        "--tokenizers",
+        default=" ".join(DEFAULT_TOKENIZERS),
+        help="space-separated entries name[:option=value,...] of "
+        + ", ".join(at.TOKENIZERS)
+        + " (default: %(default)s)",
+    )
+    p.add_argument(
+        "--time-horizon",
+        "--time_horizon",
+        type=int,
+        default=None,
+        help="T; default the chunk vla train chooses (0.5 s at the fps, cut to the longest episode)",
+    )
+    p.add_argument(
+        "--max-rmse",
+        type=float,
+        default=MAX_RMSE,
+        help="the recommendation's error bound, RMSE in normalised units (default: %(default)s)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an --out folder that already holds files")
     p.add_argument("--episodes-heldout", type=float, default=0.2, help="share of episodes held out for measuring")
     p.add_argument("--sweep", action="store_true", help="also sweep FAST scale, bin count and FSQ levels")
     p.add_argument("--tolerance", type=float, default=0.1, help="max-error threshold (normalised units)")
-    p.add_argument("--fsq-steps", type=int, default=None,
-                   help=f"FSQ's most training steps (it stops on a plateau); {FSQ_STEPS} here, 3000 in vla train")
-    p.add_argument("--fsq-max-seconds", type=float, default=None, help=f"FSQ's fitting time budget; {FSQ_SECONDS:g} s here, none in vla train")
+    p.add_argument(
+        "--fsq-steps",
+        type=int,
+        default=None,
+        help=f"FSQ's most training steps (it stops on a plateau); {FSQ_STEPS} here, 3000 in vla train",
+    )
+    p.add_argument(
+        "--fsq-max-seconds",
+        type=float,
+        default=None,
+        help=f"FSQ's fitting time budget; {FSQ_SECONDS:g} s here, none in vla train",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run)
 

@@ -30,9 +30,11 @@ def recommendation_text(results: dict[str, Any]) -> str:
     pick = rows[rec["tokenizer"]]
     t, fps = results["time_horizon"], results["fps"]
     seconds = t / fps
-    head = (f"recommendation: {rec['tokenizer']}, {pick['tokens_per_chunk_mean']:.1f} ids per chunk "
-            f"({pick['tokens_per_chunk_mean'] / seconds:.0f} a second) at held-out RMSE {pick['rmse']:.4f}, "
-            f"on chunks of T={t} ({seconds:g} s at {fps:g} fps, {results['time_horizon_why']})")
+    head = (
+        f"recommendation: {rec['tokenizer']}, {pick['tokens_per_chunk_mean']:.1f} ids per chunk "
+        f"({pick['tokens_per_chunk_mean'] / seconds:.0f} a second) at held-out RMSE {pick['rmse']:.4f}, "
+        f"on chunks of T={t} ({seconds:g} s at {fps:g} fps, {results['time_horizon_why']})"
+    )
     if rec["within_bound"]:
         why = f"the fewest ids among the {len(ranked)} entries whose held-out chunks all decode within RMSE {bound:g}"
         if len(ranked) > 1:
@@ -41,15 +43,20 @@ def recommendation_text(results: dict[str, Any]) -> str:
         over = [k for k in rows if k not in ranked]
         if over:
             why += "; over the bound or not always decodable: " + ", ".join(
-                f"{k} ({rows[k]['rmse']:.4f}, {rows[k]['valid_rate_heldout']:.0%} valid)" for k in over)
+                f"{k} ({rows[k]['rmse']:.4f}, {rows[k]['valid_rate_heldout']:.0%} valid)" for k in over
+            )
     else:
-        why = (f"none decodes every held-out chunk within RMSE {bound:g}, so the lowest error; raise --max-rmse, or "
-               "try finer settings with --sweep")
-    notes = [f"{k} fitted {r['fit_report']['steps']} steps only ("
-             + ("its time budget, --fsq-max-seconds" if r["fit_report"]["stopped"] == "time" else "--fsq-steps")
-             + "; vla train fits up to 3000): its error is an upper bound"
-             for k, r in rows.items()
-             if r.get("fit_report", {}).get("stopped") in ("steps", "time") and r["fit_report"]["steps"] < 3000]
+        why = (
+            f"none decodes every held-out chunk within RMSE {bound:g}, so the lowest error; raise --max-rmse, or "
+            "try finer settings with --sweep"
+        )
+    notes = [
+        f"{k} fitted {r['fit_report']['steps']} steps only ("
+        + ("its time budget, --fsq-max-seconds" if r["fit_report"]["stopped"] == "time" else "--fsq-steps")
+        + "; vla train fits up to 3000): its error is an upper bound"
+        for k, r in rows.items()
+        if r.get("fit_report", {}).get("stopped") in ("steps", "time") and r["fit_report"]["steps"] < 3000
+    ]
     given = "" if "given" not in results["time_horizon_why"] else f" --policy.time_horizon={t}"
     command = f"vla train --dataset_root={results['dataset']} {' '.join(rec['train_flags'])}{given}"
     lines = [head, f"  why: {why}."] + [f"  note: {n}." for n in notes]
@@ -96,9 +103,16 @@ def write_outputs(results: dict[str, Any], out_dir: Path, name: str = "compare")
     for name, r in toks.items():
         ax.scatter(r["tokens_per_chunk_mean"], r["rmse"], label=name, zorder=3)
     for name, points in results.get("sweep", {}).items():
-        ax.plot([p["tokens_per_chunk_mean"] for p in points], [p["rmse"] for p in points], "-o", ms=3, label=f"{name} sweep")
-    ax.set(xlabel="tokens per chunk (mean)", ylabel="RMSE (normalised)", xscale="log", yscale="log",
-           title="rate-distortion on held-out chunks")  # fmt: skip
+        ax.plot(
+            [p["tokens_per_chunk_mean"] for p in points], [p["rmse"] for p in points], "-o", ms=3, label=f"{name} sweep"
+        )
+    ax.set(
+        xlabel="tokens per chunk (mean)",
+        ylabel="RMSE (normalised)",
+        xscale="log",
+        yscale="log",
+        title="rate-distortion on held-out chunks",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

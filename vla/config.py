@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import draccus
 import yaml
@@ -86,8 +86,10 @@ class TrainConfig:
             (self.keep_last >= 0, f"keep_last must be >= 0 (0 keeps every checkpoint), got {self.keep_last}"),
             (self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}"),
             (self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers}"),
-            (self.heldout_episodes is None or 0 <= self.heldout_episodes < 1,
-             f"heldout_episodes is a share in [0, 1) or None (chosen from the dataset), got {self.heldout_episodes}"),
+            (
+                self.heldout_episodes is None or 0 <= self.heldout_episodes < 1,
+                f"heldout_episodes is a share in [0, 1) or None (chosen from the dataset), got {self.heldout_episodes}",
+            ),
             (self.eval_every >= 1, f"eval_every must be >= 1, got {self.eval_every}"),
             (self.eval_chunks >= 1, f"eval_chunks must be >= 1, got {self.eval_chunks}"),
             (self.report_chunks >= 1, f"report_chunks must be >= 1, got {self.report_chunks}"),
@@ -154,12 +156,16 @@ def find_config(path: str, here: Path | None = None) -> str:
     if shipped is not None and inside and (shipped / name).is_file():
         return str(shipped / name)
     if shipped is None:
-        raise ValueError(f"no config file {path!r}, and no shipped configs beside the package; pass a path to a YAML "
-                         "file, or reinstall the package")
+        raise ValueError(
+            f"no config file {path!r}, and no shipped configs beside the package; pass a path to a YAML "
+            "file, or reinstall the package"
+        )
     known = sorted(p.stem for p in shipped.glob("*.yaml"))
     close = suggestion(Path(name).stem, known)
-    raise ValueError(f"no config file {path!r}{close} (the shipped configs, in {shipped}: {', '.join(known)}); pass "
-                     "one by name (--config_path fast) or a path to your own YAML file")
+    raise ValueError(
+        f"no config file {path!r}{close} (the shipped configs, in {shipped}: {', '.join(known)}); pass "
+        "one by name (--config_path fast) or a path to your own YAML file"
+    )
 
 
 def _say_dataset(config: str | None, log) -> None:
@@ -171,12 +177,16 @@ def _say_dataset(config: str | None, log) -> None:
     default = TrainConfig.dataset_root
     where = f"{config} names none" if config is not None else "no config file was given"
     if config is None and not Path(default).is_dir():
-        raise ValueError(f"no --dataset_root given ({where}), and the default {default} (the demo's push-v3 recording)"
-                         " is not here; pass --dataset_root=DIR (a LeRobot v3.0 dataset), or record the default with "
-                         "vla data record --task push-v3 --episodes 100")
+        raise ValueError(
+            f"no --dataset_root given ({where}), and the default {default} (the demo's push-v3 recording)"
+            " is not here; pass --dataset_root=DIR (a LeRobot v3.0 dataset), or record the default with "
+            "vla data record --task push-v3 --episodes 100"
+        )
     if log is not None:
-        log(f"dataset_root = {default}: the default, no --dataset_root given ({where}); pass --dataset_root=DIR for "
-            "your own")
+        log(
+            f"dataset_root = {default}: the default, no --dataset_root given ({where}); pass --dataset_root=DIR for "
+            "your own"
+        )
 
 
 def known_options() -> list[str]:
@@ -200,8 +210,9 @@ def check_options(args: list[str]) -> list[str]:
             if flag not in known and f"--{head}" in known:
                 flag = "--" + flag.lstrip("-").replace("-", "_")
             elif flag not in known:
-                raise ValueError(f"unknown option {flag}{suggestion(flag, known, cutoff=0.6)} (vla train --help lists "
-                                 "every option)")
+                raise ValueError(
+                    f"unknown option {flag}{suggestion(flag, known, cutoff=0.6)} (vla train --help lists every option)"
+                )
         out.append(flag + eq + value)
     return out
 

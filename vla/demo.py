@@ -31,6 +31,7 @@ from vla.io import atomic_write_text
 from vla.provenance import provenance
 from vla.sim import record
 
+
 def configs_dir(here: Path | None = None) -> Path:
     """The experiment files (``vla.config.shipped_configs``: the checkout's ``configs/``, or the copy an installed
     wheel carries), or a clear error when neither is there; ``here`` is the ``vla`` package's folder."""
@@ -39,8 +40,10 @@ def configs_dir(here: Path | None = None) -> Path:
     here = here or Path(__file__).resolve().parent
     found = shipped_configs(here)
     if found is None:
-        raise FileNotFoundError(f"no configs/ beside {here} nor inside it; reinstall the package (pip install "
-                                "vla-action-tokenizers) or run from a checkout")
+        raise FileNotFoundError(
+            f"no configs/ beside {here} nor inside it; reinstall the package (pip install "
+            "vla-action-tokenizers) or run from a checkout"
+        )
     return found
 
 
@@ -84,8 +87,13 @@ class DemoConfig:
         path = CONFIGS_DIR / f"{name}.yaml"
         if not path.is_file():
             raise ValueError(f"no config {path}; the demo runs the files in {CONFIGS_DIR} (e.g. fast, bin, fsq)")
-        args = [f"--dataset_root={self.dataset_root}", f"--output_dir={self.out_dir / 'runs' / name}", "--overwrite=true",
-                *self.overrides, *self.run_overrides.get(name, [])]  # fmt: skip
+        args = [
+            f"--dataset_root={self.dataset_root}",
+            f"--output_dir={self.out_dir / 'runs' / name}",
+            "--overwrite=true",
+            *self.overrides,
+            *self.run_overrides.get(name, []),
+        ]
         cfg = load_config(str(path), args)
         cfg.save_every = cfg.steps
         return cfg
@@ -103,9 +111,13 @@ def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
         train_s = time.perf_counter() - start  # tokenizer fit + training
         start = time.perf_counter()
         report = evaluate.evaluate(
-            summary["policy_path"], cfg.env, cfg.eval_episodes, max_steps=cfg.max_steps, num_envs=cfg.eval_envs,
+            summary["policy_path"],
+            cfg.env,
+            cfg.eval_episodes,
+            max_steps=cfg.max_steps,
+            num_envs=cfg.eval_envs,
             out_dir=Path(run_cfg.output_dir) / "eval",
-        )  # fmt: skip
+        )
         eval_s = time.perf_counter() - start
         rows[tok_name] = {
             "config": f"configs/{name}.yaml",
@@ -138,8 +150,9 @@ def run_demo(cfg: DemoConfig, log=print) -> dict[str, Any]:
         "time_horizon": policy.time_horizon,
         "n_action_steps": policy.n_action_steps,
         "tokenizers": rows,
-        "provenance": provenance(config=json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
-                                 dataset=cfg.dataset_root),
+        "provenance": provenance(
+            config=json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), dataset=cfg.dataset_root
+        ),
     }
     write_outputs(result, cfg.out_dir)
     log(markdown(result))
@@ -162,8 +175,12 @@ def markdown(result: dict[str, Any]) -> str:
         )
     rates = {name: r["tasks"] for name, r in result["tokenizers"].items() if "tasks" in r}
     if rates and len(next(iter(rates.values()))) > 1:
-        lines += ["", f"Success per task ({result.get('episodes_per_task', '?')} evaluation episodes each):", "",
-                  evaluate.task_table(rates).rstrip()]  # fmt: skip
+        lines += [
+            "",
+            f"Success per task ({result.get('episodes_per_task', '?')} evaluation episodes each):",
+            "",
+            evaluate.task_table(rates).rstrip(),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -180,7 +197,9 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> None:
     rows = [result["tokenizers"][n] for n in names]
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
     for ax, key, label in zip(
-        axes, ["success_rate", "tokens_per_chunk", "latency_ms_mean"], ["success rate", "tokens per chunk", "latency (ms)"]
+        axes,
+        ["success_rate", "tokens_per_chunk", "latency_ms_mean"],
+        ["success rate", "tokens per chunk", "latency (ms)"],
     ):
         ax.bar(names, [r[key] for r in rows], color=["C0", "C1", "C2", "C3"][: len(names)])
         ax.set_title(label)
@@ -194,7 +213,9 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> None:
     rates = {name: r["tasks"] for name, r in result["tokenizers"].items() if "tasks" in r}
     if rates:
         n = len(next(iter(rates.values())))
-        evaluate.plot_tasks(rates, out_dir / "demo_tasks.png", title=f"{n} tasks, one policy per tokenizer: success per task")
+        evaluate.plot_tasks(
+            rates, out_dir / "demo_tasks.png", title=f"{n} tasks, one policy per tokenizer: success per task"
+        )
 
 
 def add_cli(subparsers) -> None:
@@ -204,10 +225,11 @@ def add_cli(subparsers) -> None:
     p.add_argument("--steps", type=int, default=None, help="training steps per tokenizer")
     p.add_argument("--episodes", type=int, default=None, help="evaluation episodes per task and tokenizer")
     p.add_argument(
-        "--tasks", default=None,
+        "--tasks",
+        default=None,
         help=f"Meta-World tasks: a set (mt10) or a comma list (default: {DEMO_TASKS.split('/')[1]}); the dataset goes "
         "to outputs/datasets/metaworld_<tasks>",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_run)
 
 

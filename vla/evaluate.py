@@ -30,7 +30,6 @@ from vla.policy.saved_config import check_policy_folder
 from vla.sim import EVAL_SEED_START, env_names, make_env
 from vla.sim.rollout import run_episodes, summarize
 
-
 MAX_DELAY_MS = 60_000.0  # a minute: beyond any network, and it keeps the step count small
 LATENCY_SAMPLES = 20  # observations re-run one at a time after the rollouts, for the batch-of-one latency
 
@@ -115,8 +114,10 @@ def training_recording(policy_dir: str | Path) -> dict[str, Any]:
     except (OSError, ValueError):
         recording = None
     if recording is None and not (Path(root) / "meta").is_dir():
-        print(f"note: the training dataset {root} is not here (relative to {Path.cwd()}), so its observation "
-              "convention is unknown; the simulator's default is used (pass --observation to choose)")  # fmt: skip
+        print(
+            f"note: the training dataset {root} is not here (relative to {Path.cwd()}), so its observation "
+            "convention is unknown; the simulator's default is used (pass --observation to choose)"
+        )
     return recording or {}
 
 
@@ -133,8 +134,10 @@ def eval_provenance(policy_dir: Path | None, settings: dict[str, Any]) -> dict[s
             dataset = root if (root / "meta").is_dir() else None
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    return provenance(config={"eval": settings, "policy": str(policy_dir) if policy_dir else None,
-                              "train": train_config}, dataset=dataset)  # fmt: skip
+    return provenance(
+        config={"eval": settings, "policy": str(policy_dir) if policy_dir else None, "train": train_config},
+        dataset=dataset,
+    )
 
 
 def _check_state_dim(envs: list, state_dim: int | None, env_options: dict[str, Any] | None) -> None:
@@ -188,7 +191,9 @@ def evaluate(
     if not isinstance(policy, VLAPolicy):
         path = Path(policy)
         if not path.is_dir():
-            raise ValueError(f"no policy at {path}; pass the folder a training run wrote (e.g. outputs/train/NAME/policy)")
+            raise ValueError(
+                f"no policy at {path}; pass the folder a training run wrote (e.g. outputs/train/NAME/policy)"
+            )
         check_policy_folder(path)  # a training run's folder: names the policy inside it
         policy = VLAPolicy.from_pretrained(path)
         recording = training_recording(path)
@@ -198,18 +203,24 @@ def evaluate(
         recording = {}
     config = policy.config
     if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
-        raise ValueError(f"n_action_steps {n_action_steps} is outside the policy's chunk: use 1..{config.time_horizon} "
-                         f"(time_horizon), or leave it unset for the policy's {config.n_action_steps}")  # fmt: skip
+        raise ValueError(
+            f"n_action_steps {n_action_steps} is outside the policy's chunk: use 1..{config.time_horizon} "
+            f"(time_horizon), or leave it unset for the policy's {config.n_action_steps}"
+        )
     if num_beams is not None:
         config.check_num_beams(num_beams)
         config.num_beams = num_beams
     if gif_episodes and not config.image_keys:
         raise ValueError("--gif draws the policy's camera, and this policy has none (state only); drop --gif")
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise ValueError(f"--out {out_dir} is a file; eval writes a folder (eval_info.json, rollouts.gif): pass a folder")
+        raise ValueError(
+            f"--out {out_dir} is a file; eval writes a folder (eval_info.json, rollouts.gif): pass a folder"
+        )
     for name, value in (("delay_ms", delay_ms), ("decode_ms", decode_ms)):
         if value is not None and not (np.isfinite(value) and 0 <= value <= MAX_DELAY_MS):
-            raise ValueError(f"--{name.replace('_', '-')} must be a time in milliseconds in 0..{MAX_DELAY_MS}, got {value}")
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be a time in milliseconds in 0..{MAX_DELAY_MS}, got {value}"
+            )
     if (decode_ms is not None or ahead) and delay_ms is None:
         raise ValueError("--decode-ms and --ahead model a delayed reply: give --delay-ms too (0 for decoding only)")
     if seed_start < EVAL_SEED_START:
@@ -231,8 +242,11 @@ def evaluate(
     if (env_options or {}).get("observation") == "lerobot":
         size = None
     per_task = max(1, min(num_envs // len(names), episodes))
-    envs = [make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps, **(env_options or {}))
-            for name in names for _ in range(per_task)]  # fmt: skip
+    envs = [
+        make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps, **(env_options or {}))
+        for name in names
+        for _ in range(per_task)
+    ]
     _check_state_dim(envs, config.state_dim, env_options)
     delay_steps = 0
     if delay_ms is not None:
@@ -240,9 +254,11 @@ def evaluate(
             decode_ms = decode_time(runner, envs[0], seed_start)
         delay_steps = math.ceil((delay_ms + decode_ms) * envs[0].fps / 1000 - 1e-9)
         if ahead and delay_steps >= config.time_horizon:
-            print(f"WARNING: a reply arrives {delay_steps} control steps after its observation, but a chunk holds "
-                  f"{config.time_horizon} actions: with --ahead every reply is stale when it lands and the robot holds "
-                  "after its first chunk; use a policy with longer chunks, or evaluate without --ahead")
+            print(
+                f"WARNING: a reply arrives {delay_steps} control steps after its observation, but a chunk holds "
+                f"{config.time_horizon} actions: with --ahead every reply is stale when it lands and the robot holds "
+                "after its first chunk; use a policy with longer chunks, or evaluate without --ahead"
+            )
     on_step = None
     if record_frames:
 
@@ -257,9 +273,18 @@ def evaluate(
 
         bar = tqdm(total=len(episode_list), desc=f"eval {env_name}", unit="ep")
     try:
-        results = run_episodes(envs, runner, episode_list, n_action_steps=steps, ensemble=ensemble,
-                               obs_steps=config.n_obs_steps, delay_steps=delay_steps, ahead=ahead, on_step=on_step,
-                               on_episode=(lambda r: bar.update(1)) if bar else None)  # fmt: skip
+        results = run_episodes(
+            envs,
+            runner,
+            episode_list,
+            n_action_steps=steps,
+            ensemble=ensemble,
+            obs_steps=config.n_obs_steps,
+            delay_steps=delay_steps,
+            ahead=ahead,
+            on_step=on_step,
+            on_episode=(lambda r: bar.update(1)) if bar else None,
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -278,14 +303,24 @@ def evaluate(
         batch_latency_ms_mean=float(batch_lat.mean()),  # one call over up to num_envs observations
         valid_chunk_rate=float(np.mean(runner.valid)) if runner.valid else 1.0,
         tokens_per_chunk=float(np.mean(runner.tokens)) if runner.tokens else 0.0,
-        **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, delay_steps=delay_steps,
-                                            request="ahead" if ahead else "when empty")),
+        **(
+            {}
+            if delay_ms is None
+            else dict(
+                delay_ms=delay_ms,
+                decode_ms=decode_ms,
+                delay_steps=delay_steps,
+                request="ahead" if ahead else "when empty",
+            )
+        ),
     )
     if len(names) == 1:
         report = {**summarize(results), "env": env_name, "seed_start": seed_start, **common}
     else:
-        tasks = {name: {**summarize([r for r in results if r.env == name]), "env": name, "seed_start": seed_start}
-                 for name in names}  # fmt: skip
+        tasks = {
+            name: {**summarize([r for r in results if r.env == name]), "env": name, "seed_start": seed_start}
+            for name in names
+        }
         rates = [t["success_rate"] for t in tasks.values()]
         report = {
             "env": env_name,
@@ -300,9 +335,18 @@ def evaluate(
             **common,
             "tasks": tasks,
         }
-    settings = dict(env=env_name, episodes=episodes, seed_start=seed_start, n_action_steps=steps, ensemble=ensemble,
-                    num_beams=config.num_beams, max_steps=max_steps, num_envs=num_envs, env_options=env_options,
-                    **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead)))
+    settings = dict(
+        env=env_name,
+        episodes=episodes,
+        seed_start=seed_start,
+        n_action_steps=steps,
+        ensemble=ensemble,
+        num_beams=config.num_beams,
+        max_steps=max_steps,
+        num_envs=num_envs,
+        env_options=env_options,
+        **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead)),
+    )
     report["provenance"] = eval_provenance(policy_dir, settings)
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -350,7 +394,9 @@ def plot_tasks(rates: dict[str, dict[str, float]], path: Path, title: str = "") 
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(tasks) + 2), 3.6))
     for i, (name, by_task) in enumerate(rates.items()):
         xs = np.arange(len(tasks)) + (i - (len(rates) - 1) / 2) * width
-        ax.bar(xs, [by_task.get(t, 0.0) for t in tasks], width, label=f"{name} (avg {np.mean(list(by_task.values())):.0%})")
+        ax.bar(
+            xs, [by_task.get(t, 0.0) for t in tasks], width, label=f"{name} (avg {np.mean(list(by_task.values())):.0%})"
+        )
     ax.set_xticks(np.arange(len(tasks)), [t.removesuffix("-v3") for t in tasks], rotation=30, ha="right")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("success rate")
@@ -365,31 +411,61 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("eval", help="closed-loop evaluation of a trained policy", description=__doc__)
     p.add_argument("--policy", type=Path, required=True, help="a policy folder (outputs/train/NAME/policy)")
     p.add_argument("--env", default="metaworld", help="simulator family (default: %(default)s)")
-    p.add_argument("--task", default="push-v3",
-                   help="the family's task, several (drawer-open-v3,drawer-close-v3) or a set (mt10) (default: %(default)s)")
+    p.add_argument(
+        "--task",
+        default="push-v3",
+        help="the family's task, several (drawer-open-v3,drawer-close-v3) or a set (mt10) (default: %(default)s)",
+    )
     p.add_argument("--episodes", type=int, default=50, help="evaluation episodes per task (default: %(default)s)")
     p.add_argument("--seed-start", type=int, default=EVAL_SEED_START)
     p.add_argument("--n-action-steps", type=int, default=None, help="actions run per chunk (default: the policy's)")
-    p.add_argument("--temporal-ensemble", type=float, default=None, metavar="COEFF",
-                   help="ACT's temporal ensembling: predict a chunk every --n-action-steps (default 1) and run the "
-                   "weighted mean of the chunks covering each step, weights exp(-COEFF * i), oldest first (ACT: 0.01; "
-                   "default: the policy's temporal_ensemble, none)")
-    p.add_argument("--num-beams", type=int, default=None, metavar="K",
-                   help="decode each chunk by beam search over K hypotheses, the most probable chunk instead of "
-                   "greedy's id-by-id choice (default: the policy's num_beams, 1)")
+    p.add_argument(
+        "--temporal-ensemble",
+        type=float,
+        default=None,
+        metavar="COEFF",
+        help="ACT's temporal ensembling: predict a chunk every --n-action-steps (default 1) and run the "
+        "weighted mean of the chunks covering each step, weights exp(-COEFF * i), oldest first (ACT: 0.01; "
+        "default: the policy's temporal_ensemble, none)",
+    )
+    p.add_argument(
+        "--num-beams",
+        type=int,
+        default=None,
+        metavar="K",
+        help="decode each chunk by beam search over K hypotheses, the most probable chunk instead of "
+        "greedy's id-by-id choice (default: the policy's num_beams, 1)",
+    )
     p.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the simulator's)")
     p.add_argument("--num-envs", type=int, default=10, help="episodes run at once, their chunks decoded as one batch")
-    p.add_argument("--observation", choices=["privileged", "proprio", "lerobot"], default=None,
-                   help="the observation convention the policy was trained on (vla data record --observation; default: "
-                   "the one in its training data's meta/recording.json, else privileged)")
-    p.add_argument("--delay-ms", type=float, default=None, metavar="MS",
-                   help="put the policy behind a network: each chunk arrives MS of round trip plus the decode time "
-                   "after the observation it answers, the simulator stepping meanwhile (default: no delay)")
-    p.add_argument("--decode-ms", type=float, default=None, metavar="MS",
-                   help="with --delay-ms: the decode time to add (default: measured on the first observation)")
-    p.add_argument("--ahead", action="store_true",
-                   help="with --delay-ms: ask for the next chunk as many actions early as the delay lasts, skipping "
-                   "the reply's actions for the steps that ran meanwhile (default: ask when the chunk runs out, hold)")
+    p.add_argument(
+        "--observation",
+        choices=["privileged", "proprio", "lerobot"],
+        default=None,
+        help="the observation convention the policy was trained on (vla data record --observation; default: "
+        "the one in its training data's meta/recording.json, else privileged)",
+    )
+    p.add_argument(
+        "--delay-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="put the policy behind a network: each chunk arrives MS of round trip plus the decode time "
+        "after the observation it answers, the simulator stepping meanwhile (default: no delay)",
+    )
+    p.add_argument(
+        "--decode-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="with --delay-ms: the decode time to add (default: measured on the first observation)",
+    )
+    p.add_argument(
+        "--ahead",
+        action="store_true",
+        help="with --delay-ms: ask for the next chunk as many actions early as the delay lasts, skipping "
+        "the reply's actions for the steps that ran meanwhile (default: ask when the chunk runs out, hold)",
+    )
     p.add_argument("--gif", type=int, default=0, help="save a GIF of this many episodes (policies with a camera)")
     p.add_argument("--out", type=Path, default=None, help="folder for eval_info.json (default: beside the policy)")
     p.set_defaults(func=_run)
@@ -398,13 +474,22 @@ def add_cli(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     out = args.out or args.policy.parent / f"eval_{args.task.replace(',', '+')}"
     report = evaluate(
-        args.policy, f"{args.env}/{args.task}", args.episodes, seed_start=args.seed_start,
-        n_action_steps=args.n_action_steps, ensemble=args.temporal_ensemble, num_beams=args.num_beams,
+        args.policy,
+        f"{args.env}/{args.task}",
+        args.episodes,
+        seed_start=args.seed_start,
+        n_action_steps=args.n_action_steps,
+        ensemble=args.temporal_ensemble,
+        num_beams=args.num_beams,
         max_steps=args.max_steps,
-        num_envs=args.num_envs, gif_episodes=args.gif,
+        num_envs=args.num_envs,
+        gif_episodes=args.gif,
         env_options={"observation": args.observation} if args.observation else None,
-        delay_ms=args.delay_ms, decode_ms=args.decode_ms, ahead=args.ahead, out_dir=out,
-    )  # fmt: skip
+        delay_ms=args.delay_ms,
+        decode_ms=args.decode_ms,
+        ahead=args.ahead,
+        out_dir=out,
+    )
     if "tasks" in report:
         print(task_table({"success": task_rates(report)}), end="")
     print(
@@ -413,8 +498,10 @@ def _run(args: argparse.Namespace) -> int:
         f"(p95 {report['latency_ms_p95']:.0f}), valid chunks {report['valid_chunk_rate']:.1%}; wrote {out}"
     )
     if "delay_steps" in report:
-        print(f"delay: {report['delay_ms']:.0f} ms round trip + {report['decode_ms']:.1f} ms decode = "
-              f"{report['delay_steps']} control steps, request {report['request']}; the robot held "
-              f"{report['held_steps_mean']:.1f} steps an episode, jump at the hand-over {report['switch_jump_mean']:.3f} "
-              f"(within chunks {report['step_change_mean']:.3f})")
+        print(
+            f"delay: {report['delay_ms']:.0f} ms round trip + {report['decode_ms']:.1f} ms decode = "
+            f"{report['delay_steps']} control steps, request {report['request']}; the robot held "
+            f"{report['held_steps_mean']:.1f} steps an episode, jump at the hand-over {report['switch_jump_mean']:.3f} "
+            f"(within chunks {report['step_change_mean']:.3f})"
+        )
     return 0

@@ -62,7 +62,9 @@ class TemporalEnsemble:
 
     def __init__(self, coeff: float, every: int = 1) -> None:
         if not math.isfinite(coeff) or coeff < 0:
-            raise ValueError(f"the temporal-ensemble coefficient must be a finite number >= 0 (ACT uses 0.01), got {coeff}")
+            raise ValueError(
+                f"the temporal-ensemble coefficient must be a finite number >= 0 (ACT uses 0.01), got {coeff}"
+            )
         if every < 1:
             raise ValueError(f"a temporal ensemble asks for a chunk every n >= 1 steps, got {every}")
         self.coeff, self.every = float(coeff), int(every)
@@ -191,8 +193,10 @@ def executor(
     """The queue for ``ensemble=None`` (a ``DelayedQueue`` when replies take ``delay_steps`` > 0 or are asked
     ``ahead``); else a temporal ensemble asking every ``n_action_steps`` (default 1)."""
     if ensemble is not None and (delay_steps or ahead):
-        raise ValueError("a temporal ensemble with a reply delay is not supported: drop --temporal-ensemble, or run "
-                         "with --delay-ms 0")
+        raise ValueError(
+            "a temporal ensemble with a reply delay is not supported: drop --temporal-ensemble, or run "
+            "with --delay-ms 0"
+        )
     if ensemble is None:
         return DelayedQueue(n_action_steps, delay_steps, ahead) if delay_steps or ahead else ChunkQueue(n_action_steps)
     return TemporalEnsemble(ensemble, every=n_action_steps or 1)

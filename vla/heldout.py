@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import action_tokenizers as at
 import numpy as np
 import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-import action_tokenizers as at
 from vla.data import reader
+from vla.data.stats import frame_stats
 from vla.data.torch_dataset import ActionChunkDataset
 from vla.io import atomic_write_text
 from vla.policy.pipeline import IMAGES, SEQUENCE, current_state, packed, run
-from vla.data.stats import frame_stats
 
 REPORT = "offline_report"  # .json, .md, .png in the run folder
 CURVES = "heldout.png"
@@ -71,8 +71,14 @@ class Heldout:
         if not episodes:
             raise ValueError("held-out measurement needs held-out episodes; set --heldout_episodes (e.g. 0.1)")
         image_keys = list(config.image_keys)
-        ds = ActionChunkDataset(info, config.time_horizon, episodes=episodes, image_keys=image_keys,
-                                backend="lerobot" if image_keys else "memory", obs_steps=config.n_obs_steps)  # fmt: skip
+        ds = ActionChunkDataset(
+            info,
+            config.time_horizon,
+            episodes=episodes,
+            image_keys=image_keys,
+            backend="lerobot" if image_keys else "memory",
+            obs_steps=config.n_obs_steps,
+        )
         picked = np.unique(np.linspace(0, len(ds) - 1, min(n_chunks, len(ds))).round().astype(int))
         batch = torch.utils.data.default_collate([ds[int(i)] for i in picked])
         target = batch.pop(ACTION).double().numpy()  # [N, T, D]
@@ -84,8 +90,10 @@ class Heldout:
         baselines: dict[str, dict[str, Any] | None] = {"mean_action": errors(mean, target, inside, scale)}
         why = None
         if config.action_state_dims is None:
-            why = (f"the state ({info.state_dim}-D) does not hold the action's quantities ({info.action_dim}-D) by "
-                   "name or dimension; set policy.action_state_dims to define it")  # fmt: skip
+            why = (
+                f"the state ({info.state_dim}-D) does not hold the action's quantities ({info.action_dim}-D) by "
+                "name or dimension; set policy.action_state_dims to define it"
+            )
             baselines["hold_state"] = None
         else:
             state = current_state(batch[OBS_STATE].double().numpy())[:, list(config.action_state_dims)]  # [N, D]
@@ -132,14 +140,18 @@ class Heldout:
         err = errors(chunks, self.target, self.inside, self.scale)
         hold = self.baselines["hold_state"]
         return {
-            "heldout_rmse": err["rmse"], "heldout_mae": err["mae"],
-            "heldout_rmse_per_dim": err["rmse_per_dim"], "heldout_rmse_raw_per_dim": err["rmse_raw_per_dim"],
-            "heldout_accuracy": forced["accuracy"], "heldout_loss": forced["loss"],
-            "heldout_valid_rate": float(valid.mean()), "heldout_tokens_per_chunk": tokens,
+            "heldout_rmse": err["rmse"],
+            "heldout_mae": err["mae"],
+            "heldout_rmse_per_dim": err["rmse_per_dim"],
+            "heldout_rmse_raw_per_dim": err["rmse_raw_per_dim"],
+            "heldout_accuracy": forced["accuracy"],
+            "heldout_loss": forced["loss"],
+            "heldout_valid_rate": float(valid.mean()),
+            "heldout_tokens_per_chunk": tokens,
             "heldout_mean_action_rmse": self.baselines["mean_action"]["rmse"],
             "heldout_hold_state_rmse": None if hold is None else hold["rmse"],
             "heldout_seconds": time.perf_counter() - start,
-        }  # fmt: skip
+        }
 
     def report(self, policy, **about: Any) -> dict[str, Any]:
         """The offline report: the policy's errors in full (per dimension, per horizon step), its scores, its decode
@@ -164,8 +176,13 @@ class Heldout:
             "action_state_dims": c.action_state_dims,
             "attention": c.attention,
             "tokenizer": policy.action_tokenizer.name,
-            "policy": {**err, **forced, "valid_rate": float(valid.mean()), "tokens_per_chunk": tokens,
-                       "latency_ms_p50": float(np.median(latencies))},  # fmt: skip
+            "policy": {
+                **err,
+                **forced,
+                "valid_rate": float(valid.mean()),
+                "tokens_per_chunk": tokens,
+                "latency_ms_p50": float(np.median(latencies)),
+            },
             "baselines": {"mean_action": self.baselines["mean_action"], "hold_state": hold},
             "hold_state_undefined_because": self.why_no_hold,
             "beats_mean_action": bool(err["rmse"] < self.baselines["mean_action"]["rmse"]),
@@ -200,11 +217,14 @@ def errors(pred: np.ndarray, target: np.ndarray, inside: np.ndarray, scale: np.n
     mae_raw = (w * np.abs(diff)).sum((0, 1)) / n  # [D]
     per_step = np.sqrt(((w * (diff / scale) ** 2).sum(0) / np.maximum(w.sum(0), 1.0)).mean(-1))  # [T]
     return {
-        "rmse": float((rmse_raw / scale).mean()), "mae": float((mae_raw / scale).mean()),
-        "rmse_per_dim": (rmse_raw / scale).tolist(), "mae_per_dim": (mae_raw / scale).tolist(),
-        "rmse_raw_per_dim": rmse_raw.tolist(), "mae_raw_per_dim": mae_raw.tolist(),
+        "rmse": float((rmse_raw / scale).mean()),
+        "mae": float((mae_raw / scale).mean()),
+        "rmse_per_dim": (rmse_raw / scale).tolist(),
+        "mae_per_dim": (mae_raw / scale).tolist(),
+        "rmse_raw_per_dim": rmse_raw.tolist(),
+        "mae_raw_per_dim": mae_raw.tolist(),
         "rmse_per_step": per_step.tolist(),
-    }  # fmt: skip
+    }
 
 
 # --- outputs ---------------------------------------------------------------------------------------------------
@@ -217,23 +237,32 @@ def markdown(report: dict[str, Any]) -> str:
         return "not defined" if beats is None else ("yes" if beats else "**no**")
 
     lines = [
-        f"# Offline report: {report.get('dataset', '')}", "",
+        f"# Offline report: {report.get('dataset', '')}",
+        "",
         f"{report['n_chunks']} held-out chunks (T={report['time_horizon']}) from episodes {report['heldout_episodes']}; "
         f"tokenizer {report['tokenizer']}, attention {report['attention']}, relative actions "
-        f"{report['relative_actions']}.", "",
+        f"{report['relative_actions']}.",
+        "",
         f"- held-out RMSE (normalised, mean over dims): **{p['rmse']:.4f}** (MAE {p['mae']:.4f})",
         f"- mean-action baseline: {b['mean_action']['rmse']:.4f}; beats it: {verdict(report['beats_mean_action'])}",
-        "- hold-state baseline: " + (f"{hold['rmse']:.4f}; beats it: {verdict(report['beats_hold_state'])}"
-                                      if hold else f"not defined ({report['hold_state_undefined_because']})"),
+        "- hold-state baseline: "
+        + (
+            f"{hold['rmse']:.4f}; beats it: {verdict(report['beats_hold_state'])}"
+            if hold
+            else f"not defined ({report['hold_state_undefined_because']})"
+        ),
         f"- next-token accuracy {p['accuracy']:.3f}, held-out loss {p['loss']:.4f}, valid chunks {p['valid_rate']:.1%}, "
         f"{p['tokens_per_chunk']:.1f} tokens per chunk, decode latency {p['latency_ms_p50']:.1f} ms (p50, one observation)",
-        "", "| dimension | RMSE | RMSE (data units) | MAE (data units) | mean action RMSE | hold state RMSE |",
+        "",
+        "| dimension | RMSE | RMSE (data units) | MAE (data units) | mean action RMSE | hold state RMSE |",
         "| --- | --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
+    ]
     for i, name in enumerate(report["action_names"]):
         h = f"{hold['rmse_per_dim'][i]:.4f}" if hold else "n/a"
-        lines.append(f"| {name} | {p['rmse_per_dim'][i]:.4f} | {p['rmse_raw_per_dim'][i]:.3f} | "
-                     f"{p['mae_raw_per_dim'][i]:.3f} | {b['mean_action']['rmse_per_dim'][i]:.4f} | {h} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {p['rmse_per_dim'][i]:.4f} | {p['rmse_raw_per_dim'][i]:.3f} | "
+            f"{p['mae_raw_per_dim'][i]:.3f} | {b['mean_action']['rmse_per_dim'][i]:.4f} | {h} |"
+        )
     return "\n".join(lines) + "\n\nRMSE columns without units are normalised (half the training q01..q99 range).\n"
 
 
@@ -251,7 +280,10 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
         config_file = out_dir / "train_config.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else None
         root = report.get("dataset")
-        report = {**report, "provenance": provenance(config=config, dataset=root if root and Path(root).is_dir() else None)}
+        report = {
+            **report,
+            "provenance": provenance(config=config, dataset=root if root and Path(root).is_dir() else None),
+        }
     atomic_write_text(out_dir / f"{REPORT}.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out_dir / f"{REPORT}.md", markdown(report))
     rows = {"policy": report["policy"], **{k: v for k, v in report["baselines"].items() if v is not None}}
@@ -260,8 +292,12 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
     for k, (name, r) in enumerate(rows.items()):
         left.bar(np.arange(len(r["rmse_per_dim"])) + k * width, r["rmse_per_dim"], width, label=name)
         right.plot(np.arange(len(r["rmse_per_step"])), r["rmse_per_step"], "-o", ms=3, label=name)
-    left.set_xticks(np.arange(len(report["action_names"])) + width * (len(rows) - 1) / 2, report["action_names"],
-                    rotation=30, fontsize=7)  # fmt: skip
+    left.set_xticks(
+        np.arange(len(report["action_names"])) + width * (len(rows) - 1) / 2,
+        report["action_names"],
+        rotation=30,
+        fontsize=7,
+    )
     left.set(ylabel="RMSE (normalised)", title="held-out error per dimension")
     right.set(xlabel="step in the chunk", ylabel="RMSE (normalised, mean over dims)", title="error along the chunk")
     for ax in (left, right):
@@ -274,7 +310,11 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
 
 def plot_curves(metrics_file: Path, out: Path) -> None:
     """Training loss (and held-out loss) and held-out RMSE against the step, the baselines as lines."""
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] if metrics_file.is_file() else []
+    rows = (
+        [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+        if metrics_file.is_file()
+        else []
+    )
     evals = [r for r in rows if r.get("heldout_rmse") is not None]
     if not evals:
         return

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla.policy.pipeline import ACTION_IDS, SEQUENCE, run
 from vla.policy import VLAPolicy
+from vla.policy.pipeline import ACTION_IDS, SEQUENCE, run
 
 KINDS = ["padding", "image", "text", "state", "suffix text", "action"]
 
@@ -37,8 +37,13 @@ def sample_of(policy: VLAPolicy, dataset: Path | None, index: int) -> dict[str, 
     if dataset is not None:
         from vla.data.torch_dataset import ActionChunkDataset
 
-        ds = ActionChunkDataset(dataset, config.time_horizon, image_keys=list(config.image_keys),
-                                backend="lerobot" if config.image_keys else "memory", obs_steps=config.n_obs_steps)  # fmt: skip
+        ds = ActionChunkDataset(
+            dataset,
+            config.time_horizon,
+            image_keys=list(config.image_keys),
+            backend="lerobot" if config.image_keys else "memory",
+            obs_steps=config.n_obs_steps,
+        )
         if not 0 <= index < len(ds):
             raise ValueError(f"--index {index} is outside the dataset's {len(ds)} samples")
         return ds[index]
@@ -46,7 +51,9 @@ def sample_of(policy: VLAPolicy, dataset: Path | None, index: int) -> dict[str, 
     sample = {
         OBS_STATE: torch.as_tensor(policy.state_normalizer.offset, dtype=torch.float32),
         "task": (config.text_words[4].strip() if len(config.text_words) > 4 else "push"),
-        ACTION: torch.as_tensor(np.tile(policy.action_normalizer.offset, (config.time_horizon, 1)), dtype=torch.float32),
+        ACTION: torch.as_tensor(
+            np.tile(policy.action_normalizer.offset, (config.time_horizon, 1)), dtype=torch.float32
+        ),
     }
     for key in config.image_keys:
         sample[key] = torch.full((3, size, size), 0.5)
@@ -82,16 +89,31 @@ def trace_decoding(policy: VLAPolicy, batch: dict[str, Any], top: int = 5) -> li
         probs = torch.softmax(row, dim=-1)
         best = probs.topk(min(top, allowed)).indices.tolist()
         chosen = int(token[0])
-        steps.append({"allowed": allowed, "top": [(i, float(probs[i])) for i in best], "chosen": chosen,
-                      "action_id": int(policy.vocab.vocab_to_action(np.int64(chosen)))})  # fmt: skip
+        steps.append(
+            {
+                "allowed": allowed,
+                "top": [(i, float(probs[i])) for i in best],
+                "chosen": chosen,
+                "action_id": int(policy.vocab.vocab_to_action(np.int64(chosen))),
+            }
+        )
 
-    generate(policy.model, prompt[SEQUENCE], vocab=policy.vocab, constraint=policy.constraint,
-             images=prompt.get("images"), max_new_tokens=policy.max_new_tokens, temperature=0.0, trace=record)  # fmt: skip
+    generate(
+        policy.model,
+        prompt[SEQUENCE],
+        vocab=policy.vocab,
+        constraint=policy.constraint,
+        images=prompt.get("images"),
+        max_new_tokens=policy.max_new_tokens,
+        temperature=0.0,
+        trace=record,
+    )
     return steps
 
 
-def inspect_policy(policy: VLAPolicy | str | Path, out_dir: str | Path, dataset: str | Path | None = None,
-                   index: int = 0) -> dict[str, Any]:  # fmt: skip
+def inspect_policy(
+    policy: VLAPolicy | str | Path, out_dir: str | Path, dataset: str | Path | None = None, index: int = 0
+) -> dict[str, Any]:
     """Write the pictures and the summary for one sample; returns the summary's numbers."""
     import matplotlib
 
@@ -121,8 +143,13 @@ def inspect_policy(policy: VLAPolicy | str | Path, out_dir: str | Path, dataset:
     fig, ax = plt.subplots(figsize=(max(7, kinds.shape[1] * 0.12), 2.2))
     ax.imshow(kinds, cmap=ListedColormap(palette), vmin=0, vmax=len(KINDS) - 1, aspect="auto")
     ax.set(yticks=[0, 1], yticklabels=["row 0", "row 1"], xlabel="position", title="token layout of the packed batch")
-    fig.legend(handles=[Patch(color=c, label=k) for k, c in zip(KINDS, palette)], loc="lower center", ncol=6,
-               fontsize=8, frameon=False)  # fmt: skip
+    fig.legend(
+        handles=[Patch(color=c, label=k) for k, c in zip(KINDS, palette)],
+        loc="lower center",
+        ncol=6,
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout(rect=(0, 0.15, 1, 1))
     fig.savefig(out_dir / "layout.png", dpi=120)
     plt.close(fig)
@@ -166,8 +193,12 @@ def inspect_policy(policy: VLAPolicy | str | Path, out_dir: str | Path, dataset:
 
 
 def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("inspect", help="draw one sample's token layout, attention mask and decoding",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = subparsers.add_parser(
+        "inspect",
+        help="draw one sample's token layout, attention mask and decoding",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--policy", type=Path, required=True, help="a policy folder (outputs/train/NAME/policy)")
     p.add_argument("--dataset", type=Path, default=None, help="a LeRobot dataset to take the sample from")
     p.add_argument("--index", type=int, default=0, help="the sample's index in the dataset")

@@ -37,9 +37,22 @@ def git_state(path: str | Path | None = None) -> tuple[str, bool]:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
             return "unknown", False
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
-                                 ":(top,exclude)results", ":(top,exclude,glob)**/*.md"], cwd=where,
-                                capture_output=True, text=True, timeout=30)  # fmt: skip
+        status = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":(top)",
+                ":(top,exclude)results",
+                ":(top,exclude,glob)**/*.md",
+            ],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return commit.stdout.strip(), bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
@@ -62,7 +75,11 @@ def dataset_fingerprint(root: str | Path) -> dict[str, Any]:
     if not root.is_dir():
         raise FileNotFoundError(f"dataset folder {root} does not exist: give the folder that holds meta/ and data/")
     digest = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
     for p in files:
         canonical = _canonical_json(p) if p.suffix == ".json" else None
         size = len(canonical) if canonical is not None else p.stat().st_size

@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import action_tokenizers as at
 import numpy as np
 import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-import action_tokenizers as at
 from vla.data import columns, reader
-from vla.io import atomic_directory, read_json, write_json
 from vla.data.stats import frame_stats
+from vla.io import atomic_directory, read_json, write_json
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -52,7 +52,9 @@ class RegressionConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 1 <= self.n_action_steps <= self.time_horizon:
-            raise ValueError(f"n_action_steps must be in 1..time_horizon ({self.time_horizon}), got {self.n_action_steps}")
+            raise ValueError(
+                f"n_action_steps must be in 1..time_horizon ({self.time_horizon}), got {self.n_action_steps}"
+            )
 
     def parameters(self) -> int:
         """The MLP's parameter count, weights and biases."""
@@ -76,8 +78,10 @@ class RegressionPolicy(nn.Module):
     def __init__(self, config: RegressionConfig, action_normalizer: at.Normalizer, state_normalizer: at.Normalizer):
         super().__init__()
         if (action_normalizer.dim, state_normalizer.dim) != (config.action_dim, config.state_dim):
-            raise ValueError(f"the normalisers are for D={action_normalizer.dim}, S={state_normalizer.dim}; the config "
-                             f"says D={config.action_dim}, S={config.state_dim}")  # fmt: skip
+            raise ValueError(
+                f"the normalisers are for D={action_normalizer.dim}, S={state_normalizer.dim}; the config "
+                f"says D={config.action_dim}, S={config.state_dim}"
+            )
         self.config, self.action_normalizer, self.state_normalizer = config, action_normalizer, state_normalizer
         widths = [config.state_dim] + [config.hidden] * config.layers
         blocks: list[nn.Module] = []
@@ -95,7 +99,9 @@ class RegressionPolicy(nn.Module):
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         """Mean squared error in the normalised space over the chunk's real (not padded) steps."""
-        target = torch.as_tensor(self.action_normalizer.normalize(np.asarray(batch[ACTION], np.float32)), dtype=torch.float32)
+        target = torch.as_tensor(
+            self.action_normalizer.normalize(np.asarray(batch[ACTION], np.float32)), dtype=torch.float32
+        )
         pred = self(self._normalized_state(batch[OBS_STATE]))  # [B, T, D]
         keep = ~torch.as_tensor(np.asarray(batch["action_is_pad"], bool))  # [B, T]
         err = ((pred - target) ** 2).mean(-1)  # [B, T]
@@ -112,21 +118,29 @@ class RegressionPolicy(nn.Module):
         """``config.json`` (config and normalisers) and ``model.safetensors``, written atomically."""
         with atomic_directory(folder) as tmp:
             save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(tmp / WEIGHTS_FILE))
-            write_json(tmp / CONFIG_FILE, {
-                "format_version": FORMAT_VERSION,
-                "config": dataclasses.asdict(self.config),
-                "action_normalizer": self.action_normalizer.to_dict(),
-                "state_normalizer": self.state_normalizer.to_dict(),
-            })  # fmt: skip
+            write_json(
+                tmp / CONFIG_FILE,
+                {
+                    "format_version": FORMAT_VERSION,
+                    "config": dataclasses.asdict(self.config),
+                    "action_normalizer": self.action_normalizer.to_dict(),
+                    "state_normalizer": self.state_normalizer.to_dict(),
+                },
+            )
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> RegressionPolicy:
         folder = Path(folder)
         if not (folder / WEIGHTS_FILE).is_file():
-            raise ValueError(f"no regression policy at {folder} (no {WEIGHTS_FILE}); pass a folder save_pretrained wrote")
+            raise ValueError(
+                f"no regression policy at {folder} (no {WEIGHTS_FILE}); pass a folder save_pretrained wrote"
+            )
         saved = read_json(folder / CONFIG_FILE, "regression policy", format_version=FORMAT_VERSION)
-        policy = cls(RegressionConfig(**saved["config"]), at.Normalizer.from_dict(saved["action_normalizer"]),
-                     at.Normalizer.from_dict(saved["state_normalizer"]))  # fmt: skip
+        policy = cls(
+            RegressionConfig(**saved["config"]),
+            at.Normalizer.from_dict(saved["action_normalizer"]),
+            at.Normalizer.from_dict(saved["state_normalizer"]),
+        )
         policy.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
         return policy.eval()
 
@@ -150,13 +164,17 @@ def train_regression(
         raise ValueError(f"steps and batch_size must be at least 1, got {steps} and {batch_size}")
     info = reader.dataset_info(root)
     if (info.state_dim, info.action_dim) != (config.state_dim, config.action_dim):
-        raise ValueError(f"{root} holds S={info.state_dim}, D={info.action_dim}; the config says "
-                         f"S={config.state_dim}, D={config.action_dim}")  # fmt: skip
+        raise ValueError(
+            f"{root} holds S={info.state_dim}, D={info.action_dim}; the config says "
+            f"S={config.state_dim}, D={config.action_dim}"
+        )
     stats = frame_stats(info, [ACTION, OBS_STATE])  # exact quantiles, as vla train's normalisers
     chunks, is_pad = columns.action_chunks(info, config.time_horizon)  # [N, T, D], [N, T]
     states = columns.chunk_states(info)  # [N, S]
     torch.manual_seed(seed)
-    policy = RegressionPolicy(config, at.Normalizer.from_stats(stats[ACTION]), at.Normalizer.from_stats(stats[OBS_STATE]))
+    policy = RegressionPolicy(
+        config, at.Normalizer.from_stats(stats[ACTION]), at.Normalizer.from_stats(stats[OBS_STATE])
+    )
     recipe = VLAConfig(scheduler_decay_steps=steps)
     optimizer = recipe.get_optimizer_preset().build(policy.parameters())
     scheduler = recipe.get_scheduler_preset().build(optimizer, steps)

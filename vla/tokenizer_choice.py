@@ -12,11 +12,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+import action_tokenizers as at
 import draccus
 import numpy as np
 import yaml
 
-import action_tokenizers as at
 from vla.names import check_name
 
 
@@ -42,7 +42,9 @@ class TokenizerConfig(draccus.ChoiceRegistry):
         if self.pretrained_path:
             tok = at.load_tokenizer(self.pretrained_path)
             if tok.name != self.type:
-                raise ValueError(f"{self.pretrained_path} holds a {tok.name!r} tokenizer, the config asks for {self.type!r}")
+                raise ValueError(
+                    f"{self.pretrained_path} holds a {tok.name!r} tokenizer, the config asks for {self.type!r}"
+                )
             return tok
         return self.fit(chunks)
 
@@ -52,19 +54,27 @@ def _choice_for(name: str, cls: type[at.ActionTokenizer]) -> type[TokenizerConfi
     hints = typing.get_type_hints(cls.Options)
     fields = []
     for f in dataclasses.fields(cls.Options):
-        default = {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory}
+        default = (
+            {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory}
+        )
         fields.append((f.name, hints[f.name], field(metadata=f.metadata, **default)))
-    config_cls = dataclasses.make_dataclass(f"{cls.__name__.removesuffix('Tokenizer')}Config", fields, bases=(TokenizerConfig,))
+    config_cls = dataclasses.make_dataclass(
+        f"{cls.__name__.removesuffix('Tokenizer')}Config", fields, bases=(TokenizerConfig,)
+    )
     config_cls.__module__ = __name__
     config_cls.__doc__ = f"Options of ``{cls.__name__}.fit`` (``--tokenizer.type={name}``)."
     return TokenizerConfig.register_subclass(name)(config_cls)
 
 
-TOKENIZER_CONFIGS: dict[str, type[TokenizerConfig]] = {name: _choice_for(name, cls) for name, cls in at.TOKENIZERS.items()}
+TOKENIZER_CONFIGS: dict[str, type[TokenizerConfig]] = {
+    name: _choice_for(name, cls) for name, cls in at.TOKENIZERS.items()
+}
 
 
 DEFAULT_TOKENIZER = "fast"
-NORMALIZER_FILE = "action_normalizer.json"  # a fitted tokenizer folder's normaliser, beside its own files (`vla tokenizer fit`)
+NORMALIZER_FILE = (
+    "action_normalizer.json"  # a fitted tokenizer folder's normaliser, beside its own files (`vla tokenizer fit`)
+)
 
 
 def tokenizer_config(name: str, **options: Any) -> TokenizerConfig:

@@ -33,8 +33,6 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
-
-from vla.data import columns, reader
 from vla.checkpoints import (
     CHECKPOINTS,
     CONFIG,
@@ -45,13 +43,13 @@ from vla.checkpoints import (
     save_checkpoint,
 )
 from vla.config import TrainConfig
+from vla.data import columns, reader
 from vla.data.torch_dataset import ActionChunkDataset, choose_backend
-from vla.io import atomic_write_text
 from vla.heldout import CURVES, Heldout, plot_curves, write_report
-from vla.policy.pipeline import Collate
+from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
 from vla.policy.factory import build_policy, check_finetuning
-
+from vla.policy.pipeline import Collate
 
 HELDOUT = "heldout.json"  # the run's held-out (and training) episode ids
 
@@ -68,15 +66,26 @@ class StepBatchSampler(Sampler[list[int]]):
     several processes each takes its slice ``batch[rank::world]`` of the global batch.
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int, start_step: int, steps: int, rank: int = 0, world: int = 1,
-                 weights: np.ndarray | None = None):  # fmt: skip
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        seed: int,
+        start_step: int,
+        steps: int,
+        rank: int = 0,
+        world: int = 1,
+        weights: np.ndarray | None = None,
+    ):
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.start_step, self.steps, self.rank, self.world = start_step, steps, rank, world
         self.p = None
         if weights is not None:
             weights = np.asarray(weights, dtype=np.float64)
             if weights.shape != (n,) or not np.isfinite(weights).all() or (weights < 0).any() or weights.sum() <= 0:
-                raise ValueError(f"sampling weights must be {n} finite numbers >= 0, not all 0 (got shape {weights.shape})")
+                raise ValueError(
+                    f"sampling weights must be {n} finite numbers >= 0, not all 0 (got shape {weights.shape})"
+                )
             self.p = weights / weights.sum()
 
     def batch(self, step: int) -> list[int]:
@@ -166,9 +175,11 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     accelerator = Accelerator(mixed_precision=precision, cpu=cfg.policy.device == "cpu", kwargs_handlers=[ddp])
     rank, world = accelerator.process_index, accelerator.num_processes
     if accelerator.distributed_type == DistributedType.FSDP:  # refused now, not at the first save hours later
-        raise ValueError("vla train cannot save FSDP-sharded runs yet (its checkpoints and EMA need whole tensors); "
-                         "launch without the FSDP config (accelerate launch --num_processes N: DDP, about 60 GB per "
-                         "GPU for the 3B shape's weights, gradients and AdamW state before activations)")  # fmt: skip
+        raise ValueError(
+            "vla train cannot save FSDP-sharded runs yet (its checkpoints and EMA need whole tensors); "
+            "launch without the FSDP config (accelerate launch --num_processes N: DDP, about 60 GB per "
+            "GPU for the 3B shape's weights, gradients and AdamW state before activations)"
+        )
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {world} processes")
     run = Path(cfg.output_dir)
@@ -209,7 +220,9 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     clip_norm = policy.config.optimizer_grad_clip_norm  # read before accelerate wraps the policy (DDP)
     # LeRobot's preset shrinks its warm-up and decay to a run shorter than scheduler_decay_steps; here the schedule is a
     # function of the step alone, so a run resumed with more --steps continues the schedule it started.
-    scheduler = policy.config.get_scheduler_preset().build(optimizer, max(cfg.steps, policy.config.scheduler_decay_steps))
+    scheduler = policy.config.get_scheduler_preset().build(
+        optimizer, max(cfg.steps, policy.config.scheduler_decay_steps)
+    )
     if accelerator.is_main_process and cfg.steps < policy.config.scheduler_decay_steps:  # said before any step
         share = scheduler.lr_lambdas[0](cfg.steps)  # the schedule is a function of the step: its last step's share
         print(f"WARNING: {short_schedule(cfg.steps, policy.config.scheduler_decay_steps, share)}")
@@ -229,9 +242,15 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     if accelerator.is_main_process:
         print(f"dataset backend: {backend} ({why})")
     dataset = ActionChunkDataset(
-        info, policy.config.time_horizon, episodes=train_eps, image_keys=image_keys, image_size=image_size,
-        backend=backend, progress=cfg.progress and accelerator.is_main_process, obs_steps=policy.config.n_obs_steps,
-    )  # fmt: skip
+        info,
+        policy.config.time_horizon,
+        episodes=train_eps,
+        image_keys=image_keys,
+        image_size=image_size,
+        backend=backend,
+        progress=cfg.progress and accelerator.is_main_process,
+        obs_steps=policy.config.n_obs_steps,
+    )
     loader = make_loader(cfg, dataset, policy, start_step, rank, world)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     if accelerator.is_main_process:  # accepted (fresh, or a resume with the run's own settings): recorded
@@ -243,8 +262,13 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     if heldout_eps and accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(policy)
         heldout = Heldout.build(info, heldout_eps, train_eps, unwrapped.config, cfg.eval_chunks)
-        atomic_write_text(run / HELDOUT, json.dumps({"heldout_episodes": heldout_eps, "train_episodes": train_eps,
-                                                     "eval_chunks": len(heldout)}, indent=2) + "\n")  # fmt: skip
+        atomic_write_text(
+            run / HELDOUT,
+            json.dumps(
+                {"heldout_episodes": heldout_eps, "train_episodes": train_eps, "eval_chunks": len(heldout)}, indent=2
+            )
+            + "\n",
+        )
     postfix: dict[str, str] = {}
 
     main_process = cfg.progress and accelerator.is_main_process
@@ -283,28 +307,45 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         evaluating = bool(heldout_eps) and (step % cfg.eval_every == 0 or step == cfg.steps)
         if step % cfg.log_every == 0 or step == cfg.steps or saving or evaluating:  # the only waits for the device
             rows = [{k: float(v) for k, v in m.items()} for m in pending]
-            first_bad = next((step - len(rows) + 1 + i for i, r in enumerate(rows)
-                              if not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]))), None)  # fmt: skip
+            first_bad = next(
+                (
+                    step - len(rows) + 1 + i
+                    for i, r in enumerate(rows)
+                    if not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]))
+                ),
+                None,
+            )
             if first_bad is not None:  # nothing after it is saved: the last checkpoint stays the last good one
                 last = sorted((run / CHECKPOINTS).glob("step_*"))
-                again = ("start again with --overwrite=true or in another --output_dir" if last else
-                         "run again in place (the folder holds no checkpoint, so it starts over)")  # fmt: skip
+                again = (
+                    "start again with --overwrite=true or in another --output_dir"
+                    if last
+                    else "run again in place (the folder holds no checkpoint, so it starts over)"
+                )
                 raise Diverged(
                     f"training diverged at step {first_bad}: the loss or the gradient norm is not finite; the last "
                     f"good checkpoint is {last[-1] if last else 'none (none was saved yet)'}. Lower "
                     f"--policy.optimizer_lr (or raise --policy.scheduler_warmup_steps) and {again}"
                 )
             losses.extend(r["loss"] for r in rows)
-            row = {"step": step, **rows[-1], "lr": scheduler.get_last_lr()[0],
-                   "samples_per_s": seen / (time.perf_counter() - start_time)}  # fmt: skip
+            row = {
+                "step": step,
+                **rows[-1],
+                "lr": scheduler.get_last_lr()[0],
+                "samples_per_s": seen / (time.perf_counter() - start_time),
+            }
             row["loss_mean"] = float(np.mean([r["loss"] for r in rows]))
             pending = []
             if evaluating and heldout is not None:  # the weights the saved policy will carry (EMA when on)
                 with accelerator.autocast(), ema_weights(accelerator.unwrap_model(policy), ema):
                     row |= heldout.measure(accelerator.unwrap_model(policy))
                 hold = row["heldout_hold_state_rmse"]
-                postfix = {"heldout": f"{row['heldout_rmse']:.3f}", "mean": f"{row['heldout_mean_action_rmse']:.3f}",
-                           "hold": "n/a" if hold is None else f"{hold:.3f}", "acc": f"{row['heldout_accuracy']:.2f}"}  # fmt: skip
+                postfix = {
+                    "heldout": f"{row['heldout_rmse']:.3f}",
+                    "mean": f"{row['heldout_mean_action_rmse']:.3f}",
+                    "hold": "n/a" if hold is None else f"{hold:.3f}",
+                    "acc": f"{row['heldout_accuracy']:.2f}",
+                }
             if evaluating:
                 accelerator.wait_for_everyone()
             if accelerator.is_main_process:
@@ -329,7 +370,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         if heldout is not None:  # the offline report, on more held-out chunks, of the policy as saved
             plot_curves(metrics_file, run / CURVES)
             report = Heldout.build(info, heldout_eps, train_eps, final.config, cfg.report_chunks).report(
-                final, dataset=str(info.root), steps=step, final_train_loss=losses[-1] if losses else None)
+                final, dataset=str(info.root), steps=step, final_train_loss=losses[-1] if losses else None
+            )
             write_report(report, run)
             print(f"report in {run / 'offline_report.md'}")
         print(f"final loss {final_loss:.4f}, {samples_per_s:.1f} samples/s; policy in {run / 'policy'}")
@@ -352,9 +394,11 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
 def short_schedule(steps: int, decay_steps: int, share: float) -> str:
     """Why a run of ``steps`` under a schedule that decays over ``decay_steps`` ends at ``share`` of its peak
     learning rate, not at the decay's low end."""
-    return (f"--steps={steps} ends before the learning-rate schedule has decayed (policy.scheduler_decay_steps="
-            f"{decay_steps}): its last step runs at {share:.0%} of the peak learning rate; pass "
-            f"--policy.scheduler_decay_steps={steps} to decay within the run")
+    return (
+        f"--steps={steps} ends before the learning-rate schedule has decayed (policy.scheduler_decay_steps="
+        f"{decay_steps}): its last step runs at {share:.0%} of the peak learning rate; pass "
+        f"--policy.scheduler_decay_steps={steps} to decay within the run"
+    )
 
 
 def policy_lr(policy) -> float:
@@ -362,17 +406,22 @@ def policy_lr(policy) -> float:
     return float(policy.config.get_optimizer_preset().lr)
 
 
-def final_lines(report: dict[str, Any] | None, run: Path, cfg: TrainConfig, steps: int, lr: float, peak: float,
-                decay: int | None) -> list[str]:
+def final_lines(
+    report: dict[str, Any] | None, run: Path, cfg: TrainConfig, steps: int, lr: float, peak: float, decay: int | None
+) -> list[str]:
     """The run's last lines: the offline verdict (does the policy beat the mean action and holding the state on the
     held-out episodes?), how far the learning-rate schedule (decaying over ``decay`` steps) got, and the next step."""
     lines, policy = [], run / "policy"
     if decay is not None and steps < decay:
-        lines.append(f"learning rate at the end: {lr:.2g}, {lr / peak:.0%} of its peak: the schedule decays over "
-                     f"{decay} steps (policy.scheduler_decay_steps) and the run stopped at {steps}")
+        lines.append(
+            f"learning rate at the end: {lr:.2g}, {lr / peak:.0%} of its peak: the schedule decays over "
+            f"{decay} steps (policy.scheduler_decay_steps) and the run stopped at {steps}"
+        )
     if report is None:
-        lines.append("offline verdict: none, no episode was held out; pass --heldout_episodes=0.1 to measure the "
-                     "policy against the mean action and holding the state")
+        lines.append(
+            "offline verdict: none, no episode was held out; pass --heldout_episodes=0.1 to measure the "
+            "policy against the mean action and holding the state"
+        )
         return lines
     p, base, hold = report["policy"], report["baselines"], report["baselines"]["hold_state"]
     episodes = len(report["heldout_episodes"])
@@ -380,21 +429,28 @@ def final_lines(report: dict[str, Any] | None, run: Path, cfg: TrainConfig, step
     def said(beats: bool) -> str:
         return "yes" if beats else "no"
 
-    parts = [f"beats the mean action: {said(report['beats_mean_action'])} ({p['rmse']:.3f} vs "
-             f"{base['mean_action']['rmse']:.3f})"]
+    parts = [
+        f"beats the mean action: {said(report['beats_mean_action'])} ({p['rmse']:.3f} vs "
+        f"{base['mean_action']['rmse']:.3f})"
+    ]
     if hold is None:
         parts.append(f"holding the state: not defined ({report['hold_state_undefined_because']})")
     else:
-        parts.append(f"beats holding the state: {said(report['beats_hold_state'])} ({p['rmse']:.3f} vs "
-                     f"{hold['rmse']:.3f})")
+        parts.append(
+            f"beats holding the state: {said(report['beats_hold_state'])} ({p['rmse']:.3f} vs {hold['rmse']:.3f})"
+        )
     few = f", {episodes} held-out episode{'s' if episodes != 1 else ''}" + (" (a noisy verdict)" * (episodes < 3))
     lines.append(f"offline verdict: {'; '.join(parts)}; held-out RMSE, normalised{few}")
     if not report["beats_mean_action"]:
-        nxt = (f"the policy predicts worse than the average action: train longer (--steps={2 * steps}), and read "
-               f"`vla data info {cfg.dataset_root}` for what in the data hurts")
+        nxt = (
+            f"the policy predicts worse than the average action: train longer (--steps={2 * steps}), and read "
+            f"`vla data info {cfg.dataset_root}` for what in the data hurts"
+        )
     elif report["beats_hold_state"] is False:
-        nxt = (f"train longer (--steps={2 * steps}) or record more episodes; a policy that does not beat holding the "
-               "state will mostly stand still on the robot")
+        nxt = (
+            f"train longer (--steps={2 * steps}) or record more episodes; a policy that does not beat holding the "
+            "state will mostly stand still on the robot"
+        )
     else:
         nxt = f"run it: vla serve --policy {policy} (on a robot), or vla eval --policy {policy} (in a simulator)"
     if decay is not None and steps < decay:

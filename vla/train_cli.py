@@ -9,12 +9,13 @@ from pathlib import Path
 
 from vla.checkpoints import latest_checkpoint, no_space
 from vla.config import TrainConfig, load_config
-from vla.tokenizer_choice import tokenizer_config
 from vla.io import read_json
 from vla.policy.modeling_vla import TOKENIZER_DIR
 from vla.policy.saved_config import CONFIG_FILE, load_policy_config
+from vla.tokenizer_choice import tokenizer_config
 from vla.train import __doc__ as TRAIN_DOC
 from vla.train import main
+
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
@@ -55,15 +56,22 @@ def parse_args(argv: list[str]) -> TrainConfig:
     path = Path(paths[-1])
     given = [f for f, _ in options if f.startswith("--tokenizer.")]
     if given:
-        raise ValueError(f"{given[0]} does not apply with --policy.path: fine-tuning keeps the policy's own tokenizer "
-                         f"({path / TOKENIZER_DIR}); drop the --tokenizer options, or train a new policy without "
-                         "--policy.path")  # fmt: skip
+        raise ValueError(
+            f"{given[0]} does not apply with --policy.path: fine-tuning keeps the policy's own tokenizer "
+            f"({path / TOKENIZER_DIR}); drop the --tokenizer options, or train a new policy without "
+            "--policy.path"
+        )
     if not (path / CONFIG_FILE).is_file():
         inside = " (the run's policy is in its policy/ folder)" if (path / "policy" / CONFIG_FILE).is_file() else ""
-        raise ValueError(f"--policy.path {path} is not a saved policy (no {CONFIG_FILE}){inside}; pass a policy "
-                         "folder, e.g. outputs/train/NAME/policy")  # fmt: skip
-    policy_options = [(f, v) for f, v in options if f.startswith("--policy.") and f not in ("--policy.path",
-                                                                                           "--policy.pretrained_path")]  # fmt: skip
+        raise ValueError(
+            f"--policy.path {path} is not a saved policy (no {CONFIG_FILE}){inside}; pass a policy "
+            "folder, e.g. outputs/train/NAME/policy"
+        )
+    policy_options = [
+        (f, v)
+        for f, v in options
+        if f.startswith("--policy.") and f not in ("--policy.path", "--policy.pretrained_path")
+    ]
     rest = [f"{f}={v}" if v is not None else f for f, v in options if not f.startswith("--policy.")]
     cfg = load_config(args=rest)
     overrides = [f"--{f.removeprefix('--policy.')}={v}" for f, v in policy_options]
@@ -71,7 +79,9 @@ def parse_args(argv: list[str]) -> TrainConfig:
         overrides.insert(0, "--device=null")  # chosen here (a GPU when there is one), not the machine it was saved on
     policy = load_policy_config(path, [*overrides, f"--pretrained_path={path}"])
     kind = read_json(path / TOKENIZER_DIR / "action_tokenizer.json", "action tokenizer").get("type", "fast")
-    return dataclasses.replace(cfg, policy=policy, tokenizer=tokenizer_config(kind, pretrained_path=str(path / TOKENIZER_DIR)))
+    return dataclasses.replace(
+        cfg, policy=policy, tokenizer=tokenizer_config(kind, pretrained_path=str(path / TOKENIZER_DIR))
+    )
 
 
 def _options(argv: list[str]) -> list[tuple[str, str | None]]:
@@ -103,8 +113,13 @@ def stopped(cfg: TrainConfig, step: int | None) -> str:
         before = f", before the first checkpoint (every {cfg.save_every} steps)," if step else ";"
         return f"{at}{before} so no checkpoint was written; the same command starts the run again in {run}"
     saved = read_json(last / "trainer_state.json", "checkpoint")["step"]
-    redone = ("nothing is redone" if step is None or step <= saved else f"step {step} is redone" if step == saved + 1
-              else f"steps {saved + 1}-{step} are redone")  # fmt: skip
+    redone = (
+        "nothing is redone"
+        if step is None or step <= saved
+        else f"step {step} is redone"
+        if step == saved + 1
+        else f"steps {saved + 1}-{step} are redone"
+    )
     return f"{at}; the last checkpoint is step {saved} ({last}): resume with --resume=true ({redone})"
 
 

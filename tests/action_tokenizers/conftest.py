@@ -1,8 +1,7 @@
+import action_tokenizers as at
 import numpy as np
 import pytest
 import scipy.fft
-
-import action_tokenizers as at
 from action_tokenizers.synthetic import smooth_chunks
 
 T, D = 10, 7

@@ -1,13 +1,12 @@
 """BEAST: ids in range, fixed length, an error bound inside the spline space, and encode(decode(ids)) == ids."""
 
+import action_tokenizers as at
 import numpy as np
 import pytest
+from action_tokenizers.beast import bspline_basis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-
-import action_tokenizers as at
-from action_tokenizers.beast import bspline_basis
 
 shapes = st.tuples(st.integers(2, 40), st.integers(1, 6), st.integers(1, 12), st.integers(0, 4))  # T, D, N, p
 
@@ -29,7 +28,7 @@ def test_basis_is_a_partition_of_unity_and_clamped():
 @given(shape=shapes, seed=st.integers(0, 2**32 - 1), n_bins=st.integers(2, 1024), bound=st.floats(0.5, 3.0))
 def test_ids_in_range_fixed_length_and_bound_in_the_spline_space(shape, seed, n_bins, bound):
     tok = _tok(*shape, n_bins=n_bins, bound=bound)
-    t, d, n = tok.time_horizon, tok.action_dim, tok.n_control_points
+    d, n = tok.action_dim, tok.n_control_points
     rng = np.random.default_rng(seed)
     control = rng.uniform(-1, 1, (4, n, d)) * tok.bound
     chunks = np.einsum("tn,bnd->btd", tok.basis, control)  # exactly representable by the spline

@@ -1,9 +1,8 @@
+import action_tokenizers as at
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-
-import action_tokenizers as at
 
 
 @settings(max_examples=60, deadline=None)

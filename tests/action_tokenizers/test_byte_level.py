@@ -4,11 +4,10 @@ cases (spaces before words, other whitespace, runs of whitespace, contractions, 
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from action_tokenizers.byte_level import LIMIT, ByteLevelEncoder, supported
 from action_tokenizers.coefficients import flatten, ints_to_strings
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 TRICKY = [ord(c) for c in " \t\n\r\x0b\x0c\x1c\x1f\x85\xa0'strevlmdxSaZ019!?-_"]
 TRICKY += [ord(c) for c in "\x00\x7f\xa1\xad\xe9\u0300\u0660\u0669\u07ff"]  # controls, Latin-1, marks, Arabic digits

@@ -4,12 +4,11 @@ import dataclasses
 import json
 import warnings
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import action_tokenizers as at
 
 from .conftest import D, T
 

@@ -4,13 +4,12 @@ DCT). Every test here runs with warnings as errors: numpy's "invalid value encou
 
 import warnings
 
+import action_tokenizers as at
 import numpy as np
 import pytest
+from action_tokenizers.fsq import VALUE_LIMIT
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import action_tokenizers as at
-from action_tokenizers.fsq import VALUE_LIMIT
 
 from .conftest import D, T
 

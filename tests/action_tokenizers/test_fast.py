@@ -1,16 +1,14 @@
 import json
 import warnings
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 import scipy.fft
+from action_tokenizers import rate, reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-
-import action_tokenizers as at
-from action_tokenizers import rate
-from action_tokenizers import reference
 
 from .conftest import D, T
 
@@ -159,7 +157,9 @@ def test_byte_level_matches_reference_on_values_never_seen_at_fit(train_chunks):
 
 def test_vocab_size_none_grows_with_the_coefficient_range(train_chunks):
     assert at.FASTTokenizer.fit(train_chunks[:300], vocab_size=None).vocab_size <= 1024
-    wide = at.FASTTokenizer.fit(train_chunks[:300], scale=200.0, vocab_size=None)  # ~1300 symbols: 2**ceil(log2(1300 + 256))
+    wide = at.FASTTokenizer.fit(
+        train_chunks[:300], scale=200.0, vocab_size=None
+    )  # ~1300 symbols: 2**ceil(log2(1300 + 256))
     q = wide.n_symbols
     assert wide.vocab_size <= max(1024, 2 ** int(np.ceil(np.log2(q + 256)))) and wide.vocab_size >= q
     assert wide.vocab_size > 1024
@@ -236,7 +236,9 @@ def test_auto_vocabulary_grows_with_the_data_and_says_why(train_chunks):
     many = at.FASTTokenizer.fit(np.concatenate([train_chunks] * 8))  # the same chunks, each id seen 8x as often
     assert few.vocab_size in rate.VOCAB_CANDIDATES and many.vocab_size in rate.VOCAB_CANDIDATES
     assert few.vocab_size < many.vocab_size
-    assert few.fit_choices["vocab_size"][0] == few.vocab_size and "smallest vocabulary" in few.fit_choices["vocab_size"][1]
+    assert (
+        few.fit_choices["vocab_size"][0] == few.vocab_size and "smallest vocabulary" in few.fit_choices["vocab_size"][1]
+    )
     assert f"at least {rate.MIN_MEDIAN_ID_COUNT} times" in many.fit_choices["vocab_size"][1]
     assert many.encode_stats.chunks == 0  # the choice's own encodes are not counted as the caller's
     counts = rate.id_counts(many.encode(np.concatenate([train_chunks] * 8)), many.vocab_size)

@@ -2,10 +2,9 @@
 
 import json
 
+import action_tokenizers as at
 import numpy as np
 import pytest
-
-import action_tokenizers as at
 from action_tokenizers.io import read_json, write_json
 
 

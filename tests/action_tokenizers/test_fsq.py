@@ -1,10 +1,9 @@
+import action_tokenizers as at
 import numpy as np
 import pytest
+from action_tokenizers.synthetic import smooth_chunks
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import action_tokenizers as at
-from action_tokenizers.synthetic import smooth_chunks
 
 from .conftest import D, T
 

@@ -4,9 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
-
 import action_tokenizers as at
+import pytest
 
 GOLDEN = Path(__file__).parent / "golden"
 _spec = importlib.util.spec_from_file_location("make_golden", Path(__file__).parents[2] / "scripts" / "make_golden.py")

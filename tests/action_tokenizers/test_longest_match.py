@@ -1,10 +1,9 @@
 """The vectorised longest-match segmentation equals a plain per-row loop, and spells what it was given."""
 
 import numpy as np
+from action_tokenizers.longest_match import Trie
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from action_tokenizers.longest_match import Trie
 
 
 def longest_match_loop(vocab: dict[tuple[int, ...], int], row: list[int]) -> list[int]:
@@ -33,10 +32,15 @@ def _tables(fast_tok):
 def test_vectorised_equals_the_loop(fast_tok, heldout_chunks, seed, width):
     vocab, trie = _tables(fast_tok)
     rng = np.random.default_rng(seed)
-    real = np.clip(
-        fast_tok.coefficients(heldout_chunks[rng.integers(0, len(heldout_chunks), 5)]) - fast_tok.min_token,
-        0, fast_tok.n_symbols - 1,
-    ).transpose(0, 2, 1).reshape(5, -1)[:, :width]  # fmt: skip
+    real = (
+        np.clip(
+            fast_tok.coefficients(heldout_chunks[rng.integers(0, len(heldout_chunks), 5)]) - fast_tok.min_token,
+            0,
+            fast_tok.n_symbols - 1,
+        )
+        .transpose(0, 2, 1)
+        .reshape(5, -1)[:, :width]
+    )
     noise = rng.integers(0, fast_tok.n_symbols, (3, width))
     rows = np.concatenate([real if real.shape[1] == width else np.zeros((0, width), int), noise])
     ids, counts = trie.segment(rows)
@@ -51,6 +55,8 @@ def test_vectorised_equals_the_loop(fast_tok, heldout_chunks, seed, width):
 def test_fewer_ids_than_replaying_the_merges(fast_tok, heldout_chunks):
     from action_tokenizers.coefficients import flatten, ints_to_strings
 
-    symbols = np.clip(flatten(fast_tok.coefficients(heldout_chunks) - fast_tok.min_token, fast_tok.order), 0, fast_tok.n_symbols - 1)
+    symbols = np.clip(
+        flatten(fast_tok.coefficients(heldout_chunks) - fast_tok.min_token, fast_tok.order), 0, fast_tok.n_symbols - 1
+    )
     merges = np.mean([len(e.ids) for e in fast_tok.bpe.encode_batch_fast(ints_to_strings(symbols))])
     assert np.mean([len(r) for r in fast_tok.encode(heldout_chunks)]) <= merges

@@ -1,12 +1,11 @@
 import json
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-
-import action_tokenizers as at
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, width=64)
 

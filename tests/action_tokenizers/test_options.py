@@ -3,10 +3,9 @@
 import dataclasses
 import inspect
 
+import action_tokenizers as at
 import numpy as np
 import pytest
-
-import action_tokenizers as at
 
 
 @pytest.mark.parametrize("name", sorted(at.TOKENIZERS))

@@ -244,9 +244,7 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"unknown decode mode {mode!r}; choose one of {', '.join(DECODE_MODES)}")
 
 
-def finish_decode(
-    actions: np.ndarray, valid: np.ndarray, errors: list[str | None], mode: str
-) -> DecodeResult:
+def finish_decode(actions: np.ndarray, valid: np.ndarray, errors: list[str | None], mode: str) -> DecodeResult:
     """Apply the mode's policy to invalid rows: raise (strict), NaN them (mark) or keep the repair (repair)."""
     if mode == "strict" and not valid.all():
         first = int(np.flatnonzero(~valid)[0])
@@ -294,9 +292,11 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "int>=1": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
     "int>=2": (lambda v: _is_int(v) and v >= 2, "an integer >= 2"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "ints>=2": (lambda v: isinstance(v, list) and len(v) > 0 and all(_is_int(x) and x >= 2 for x in v),
-                "a non-empty list of integers >= 2"),
-}  # fmt: skip
+    "ints>=2": (
+        lambda v: isinstance(v, list) and len(v) > 0 and all(_is_int(x) and x >= 2 for x in v),
+        "a non-empty list of integers >= 2",
+    ),
+}
 
 
 def check_size(label: str, value: Any, low: int, high: int, bound: str) -> int:

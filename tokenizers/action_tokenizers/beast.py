@@ -88,8 +88,10 @@ class BEASTTokenizer(ActionTokenizer):
         )
         bound: float | None = field(
             default=None,
-            metadata={"help": "control points are binned over [-bound, bound]; None: their 99.9th percentile |c| on"
-                              " the fitting chunks (at least 1); 1: the paper's"},
+            metadata={
+                "help": "control points are binned over [-bound, bound]; None: their 99.9th percentile |c| on"
+                " the fitting chunks (at least 1); 1: the paper's"
+            },
         )
 
     def __init__(
@@ -105,9 +107,12 @@ class BEASTTokenizer(ActionTokenizer):
     ):
         super().__init__()
         for label, value, low in (
-            ("time_horizon", time_horizon, 1), ("action_dim", action_dim, 1),
-            ("n_control_points", n_control_points, 1), ("degree", degree, 0), ("n_bins", n_bins, 2),
-        ):  # fmt: skip
+            ("time_horizon", time_horizon, 1),
+            ("action_dim", action_dim, 1),
+            ("n_control_points", n_control_points, 1),
+            ("degree", degree, 0),
+            ("n_bins", n_bins, 2),
+        ):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
         if degree >= n_control_points:
@@ -217,8 +222,9 @@ class BEASTTokenizer(ActionTokenizer):
         n = self.n_control_points * d
         b = len(counts)
         valid = counts == n
-        errors: list[str | None] = [None if ok else f"{c} ids, expected {n} (= {self.n_control_points} x {d})"
-                                    for ok, c in zip(valid, counts)]  # fmt: skip
+        errors: list[str | None] = [
+            None if ok else f"{c} ids, expected {n} (= {self.n_control_points} x {d})" for ok, c in zip(valid, counts)
+        ]
         bad = (flat < 0) | (flat >= self.n_bins)
         if valid.all() and not bad.any():
             grid = flat.reshape(b, n)
@@ -250,14 +256,24 @@ class BEASTTokenizer(ActionTokenizer):
 
     def _config(self) -> dict[str, Any]:
         return {
-            "n_control_points": self.n_control_points, "degree": self.degree, "n_bins": self.n_bins,
-            "ridge": self.ridge, "bound": self.bound, "time_horizon": self.time_horizon, "action_dim": self.action_dim,
-        }  # fmt: skip
+            "n_control_points": self.n_control_points,
+            "degree": self.degree,
+            "n_bins": self.n_bins,
+            "ridge": self.ridge,
+            "bound": self.bound,
+            "time_horizon": self.time_horizon,
+            "action_dim": self.action_dim,
+        }
 
     SAVED_FIELDS: ClassVar[dict[str, str]] = {
-        "n_control_points": "int>=1", "degree": "int>=0", "n_bins": "int>=2", "ridge": "number>=0",
-        "bound": "number>0", "time_horizon": "int>=1", "action_dim": "int>=1",
-    }  # fmt: skip
+        "n_control_points": "int>=1",
+        "degree": "int>=0",
+        "n_bins": "int>=2",
+        "ridge": "number>=0",
+        "bound": "number>0",
+        "time_horizon": "int>=1",
+        "action_dim": "int>=1",
+    }
 
     @classmethod
     def _from_saved(cls, config: dict[str, Any], directory: Path) -> BEASTTokenizer:

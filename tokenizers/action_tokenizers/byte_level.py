@@ -25,11 +25,11 @@ import json
 from itertools import chain
 
 import numpy as np
+
 from tokenizers import Tokenizer
 
 from .coefficients import ints_to_strings, split_rows, string_to_ints
-from .utf8 import REPLACEMENT, ByteDecoder
-from .utf8 import UNICODE_TO_BYTE
+from .utf8 import REPLACEMENT, UNICODE_TO_BYTE, ByteDecoder
 
 LIMIT = 0x800  # code points probed: those of one or two UTF-8 bytes (FAST's alphabets are far smaller)
 LETTER, NUMBER, OTHER, SPACE = 0, 1, 2, 3

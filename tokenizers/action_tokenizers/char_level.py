@@ -5,6 +5,7 @@ rows (``decode_rows``), with every row that does not spell exactly ``n`` symbols
 from __future__ import annotations
 
 import numpy as np
+
 from tokenizers import Tokenizer
 
 from .coefficients import string_to_ints

@@ -41,8 +41,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+
 from tokenizers import ByteLevelBPETokenizer, Tokenizer, models
 
+from . import byte_level, char_level, rate
 from .base import (
     CONFIG_NAME,
     MAX_ACTION_DIM,
@@ -59,7 +61,6 @@ from .base import (
     check_size,
     finish_decode,
 )
-from . import byte_level, char_level, rate
 from .byte_level import ByteLevelEncoder
 from .coefficients import (
     SCALE_RANGE,
@@ -101,34 +102,42 @@ class FASTTokenizer(ActionTokenizer):
 
         scale: float = field(
             default=10.0,
-            metadata={"help": "DCT coefficients are scaled by this and rounded: higher is finer and costs more "
-                              "tokens"},
+            metadata={"help": "DCT coefficients are scaled by this and rounded: higher is finer and costs more tokens"},
         )
         vocab_size: int | str | None = field(
             default=AUTO,
-            metadata={"help": "BPE vocabulary; 'auto': chosen from the fitting chunks (action_tokenizers.rate: the "
-                              "largest whose typical id is seen often enough, with outlying coefficients clipped); "
-                              "None: the published rule, max(1024, 2**ceil(log2(n_symbols + 256)))"},
+            metadata={
+                "help": "BPE vocabulary; 'auto': chosen from the fitting chunks (action_tokenizers.rate: the "
+                "largest whose typical id is seen often enough, with outlying coefficients clipped); "
+                "None: the published rule, max(1024, 2**ceil(log2(n_symbols + 256)))"
+            },
         )
         byte_level: bool = field(
             default=False,
-            metadata={"help": "the published byte-level BPE, reproducing its ids exactly, instead of character-"
-                              "level BPE"},
+            metadata={
+                "help": "the published byte-level BPE, reproducing its ids exactly, instead of character-level BPE"
+            },
         )
         order: str | None = field(
             default=None,
-            metadata={"help": "coefficient order: 'dimension' (each dim's frequencies in turn) or 'frequency' "
-                              "(published); None: dimension, or frequency when byte_level"},
+            metadata={
+                "help": "coefficient order: 'dimension' (each dim's frequencies in turn) or 'frequency' "
+                "(published); None: dimension, or frequency when byte_level"
+            },
         )
         deadzone: float | None = field(
             default=None,
-            metadata={"help": "coefficients below (0.5 + deadzone) / scale become 0, in [0, 0.5); None: 0.2, or 0 "
-                              "when byte_level"},
+            metadata={
+                "help": "coefficients below (0.5 + deadzone) / scale become 0, in [0, 0.5); None: 0.2, or 0 "
+                "when byte_level"
+            },
         )
         target_rmse: float | None = field(
             default=None,
-            metadata={"help": "if set, choose the scale whose quantisation RMSE on the fitting chunks meets this "
-                              "(scale is then ignored)"},
+            metadata={
+                "help": "if set, choose the scale whose quantisation RMSE on the fitting chunks meets this "
+                "(scale is then ignored)"
+            },
         )
         show_progress: bool = field(default=False, metadata={"help": "show the BPE trainer's progress bar"})
 
@@ -193,7 +202,9 @@ class FASTTokenizer(ActionTokenizer):
         check_scale(scale)
         auto = isinstance(vocab_size, str)
         if auto and vocab_size != AUTO:
-            raise ValueError(f"vocab_size must be an integer, {AUTO!r} or None (the published rule), got {vocab_size!r}")
+            raise ValueError(
+                f"vocab_size must be an integer, {AUTO!r} or None (the published rule), got {vocab_size!r}"
+            )
         if auto and byte_level:
             vocab_size = auto = None  # the published byte-level tokenizer, as published
         if vocab_size is not None and not auto:
@@ -225,8 +236,16 @@ class FASTTokenizer(ActionTokenizer):
                 f"scale (now {scale}) and check that the chunks are normalised"
             )
         strings = ints_to_strings(flatten((q - min_token).astype(np.int64), order))
-        shape = dict(scale=scale, min_token=min_token, n_symbols=n_symbols, byte_level=byte_level, order=order,
-                     deadzone=deadzone, time_horizon=arr.shape[1], action_dim=arr.shape[2])
+        shape = dict(
+            scale=scale,
+            min_token=min_token,
+            n_symbols=n_symbols,
+            byte_level=byte_level,
+            order=order,
+            deadzone=deadzone,
+            time_horizon=arr.shape[1],
+            action_dim=arr.shape[2],
+        )
 
         def train(size: int) -> FASTTokenizer:
             trainer = bpe_trainer(size, n_symbols, show_progress)
@@ -404,9 +423,15 @@ class FASTTokenizer(ActionTokenizer):
         self.bpe.save(str(directory / BPE_FILE))
 
     SAVED_FIELDS: ClassVar[dict[str, str]] = {
-        "scale": "number>0", "min_token": "int", "n_symbols": "int>=1", "byte_level": "bool",
-        "order": "in:dimension,frequency?", "deadzone": "number[0,0.5)?", "time_horizon": "int>=1?", "action_dim": "int>=1?",
-    }  # fmt: skip
+        "scale": "number>0",
+        "min_token": "int",
+        "n_symbols": "int>=1",
+        "byte_level": "bool",
+        "order": "in:dimension,frequency?",
+        "deadzone": "number[0,0.5)?",
+        "time_horizon": "int>=1?",
+        "action_dim": "int>=1?",
+    }
 
     @classmethod
     def _from_saved(cls, config: dict[str, Any], directory: Path) -> FASTTokenizer:
@@ -461,4 +486,3 @@ def check_scale(scale: Any) -> float:
             f"scale must be a number in [{low:g}, {high:g}] (SCALE_RANGE), got {scale!r}; 10 is the published value"
         )
     return float(scale)
-

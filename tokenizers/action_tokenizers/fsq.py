@@ -132,18 +132,23 @@ class FSQTokenizer(ActionTokenizer):
         )
         patience: int = field(
             default=4,
-            metadata={"help": "stop after this many checks (every 100 steps) without 2% better held-out error; 0: "
-                              "never"},
+            metadata={
+                "help": "stop after this many checks (every 100 steps) without 2% better held-out error; 0: never"
+            },
         )
         max_seconds: float | None = field(
             default=None,
-            metadata={"help": "stop fitting after this many seconds (the best weights so far are kept); None: no "
-                              "limit. On [30, 26] chunks a step takes ~0.13 s on one busy core"},
+            metadata={
+                "help": "stop fitting after this many seconds (the best weights so far are kept); None: no "
+                "limit. On [30, 26] chunks a step takes ~0.13 s on one busy core"
+            },
         )
         threads: int = field(
             default=1,
-            metadata={"help": "torch CPU threads while fitting (the model is small: on busy cores 1 beats 2 by 4x);"
-                              " 0: keep torch's"},
+            metadata={
+                "help": "torch CPU threads while fitting (the model is small: on busy cores 1 beats 2 by 4x);"
+                " 0: keep torch's"
+            },
         )
         seed: int = field(default=0, metadata={"help": "seed of the initialisation, batches and held-out split"})
         show_progress: bool = field(default=True, metadata={"help": "show a progress bar while fitting"})
@@ -182,7 +187,12 @@ class FSQTokenizer(ActionTokenizer):
         or "time"), the seconds it took and the errors reached.
         """
         arr = as_chunk_batch(chunks)
-        for label, value in (("downsample", downsample), ("hidden", hidden), ("steps", steps), ("batch_size", batch_size)):
+        for label, value in (
+            ("downsample", downsample),
+            ("hidden", hidden),
+            ("steps", steps),
+            ("batch_size", batch_size),
+        ):
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{label} must be a positive integer, got {value!r}")
         if not isinstance(depth, (int, np.integer)) or depth < 0:
@@ -194,13 +204,21 @@ class FSQTokenizer(ActionTokenizer):
         if not isinstance(patience, (int, np.integer)) or patience < 0:
             raise ValueError(f"patience must be an integer >= 0 (0: never stop early), got {patience!r}")
         if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
-            raise ValueError(f"max_seconds must be a positive number of seconds or None (no limit), got {max_seconds!r}")
+            raise ValueError(
+                f"max_seconds must be a positive number of seconds or None (no limit), got {max_seconds!r}"
+            )
         if downsample > arr.shape[1]:
-            raise ValueError(f"downsample {downsample} is larger than time_horizon {arr.shape[1]}; use <= {arr.shape[1]}")
+            raise ValueError(
+                f"downsample {downsample} is larger than time_horizon {arr.shape[1]}; use <= {arr.shape[1]}"
+            )
         options = {
-            "levels": levels, "downsample": int(downsample), "hidden": int(hidden), "depth": int(depth),
-            "time_horizon": arr.shape[1], "action_dim": arr.shape[2],
-        }  # fmt: skip
+            "levels": levels,
+            "downsample": int(downsample),
+            "hidden": int(hidden),
+            "depth": int(depth),
+            "time_horizon": arr.shape[1],
+            "action_dim": arr.shape[2],
+        }
         before = torch.get_num_threads()
         try:
             with torch.random.fork_rng(devices=[]):
@@ -282,9 +300,13 @@ class FSQTokenizer(ActionTokenizer):
         save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, str(directory / WEIGHTS_FILE))
 
     SAVED_FIELDS: ClassVar[dict[str, str]] = {
-        "levels": "ints>=2", "downsample": "int>=1", "hidden": "int>=1", "depth": "int>=0",
-        "time_horizon": "int>=1", "action_dim": "int>=1",
-    }  # fmt: skip
+        "levels": "ints>=2",
+        "downsample": "int>=1",
+        "hidden": "int>=1",
+        "depth": "int>=0",
+        "time_horizon": "int>=1",
+        "action_dim": "int>=1",
+    }
 
     @classmethod
     def _from_saved(cls, config: dict[str, Any], directory: Path) -> FSQTokenizer:
@@ -338,8 +360,15 @@ MIN_GAIN = 0.02  # a check counts as progress when the held-out MSE falls by at 
 
 
 def _train(
-    model: ChunkAutoencoder, data: torch.Tensor, steps: int, batch_size: int, lr: float, patience: int,
-    max_seconds: float | None, seed: int, show_progress: bool,
+    model: ChunkAutoencoder,
+    data: torch.Tensor,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    patience: int,
+    max_seconds: float | None,
+    seed: int,
+    show_progress: bool,
 ) -> dict[str, Any]:
     """AdamW on MSE with torch's linear warm-up then cosine decay; early stop on a held-out tenth (seeded) or on
     the time budget (checked every step; the held-out error is then measured once more)."""
@@ -397,8 +426,13 @@ def _train(
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    return {"steps": step + 1, "stopped": stopped, "seconds": time.perf_counter() - began,
-            "final_train_mse": float(loss.item()), "heldout_mse": best}  # fmt: skip
+    return {
+        "steps": step + 1,
+        "stopped": stopped,
+        "seconds": time.perf_counter() - began,
+        "final_train_mse": float(loss.item()),
+        "heldout_mse": best,
+    }
 
 
 def _build(options: dict[str, Any]) -> ChunkAutoencoder:

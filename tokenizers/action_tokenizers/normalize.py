@@ -124,9 +124,11 @@ class Normalizer:
     # --- files ---------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format_version": FORMAT_VERSION, "mode": self.mode,
-            "offset": self.offset.tolist(), "scale": self.scale.tolist(),
-        }  # fmt: skip
+            "format_version": FORMAT_VERSION,
+            "mode": self.mode,
+            "offset": self.offset.tolist(),
+            "scale": self.scale.tolist(),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Normalizer:

@@ -49,8 +49,10 @@ def auto_alphabet(q: np.ndarray) -> Alphabet:
     if (tail_hi - tail_lo + 1) * 2 > hi - lo + 1:  # the tails hardly widen it: keep everything
         return Alphabet(lo, hi, 0.0, "the coefficients' full range")
     clipped = float(np.mean((q < tail_lo) | (q > tail_hi)))
-    why = (f"the range of all but {clipped:.4%} of the coefficients (all of them span {lo}..{hi}: a few outlying "
-           "chunks); those are clipped when encoded, and counted")
+    why = (
+        f"the range of all but {clipped:.4%} of the coefficients (all of them span {lo}..{hi}: a few outlying "
+        "chunks); those are clipped when encoded, and counted"
+    )
     return Alphabet(tail_lo, tail_hi, clipped, why)
 
 
@@ -76,11 +78,15 @@ def choose_vocab_size(n_symbols: int, n_chunks: int, spell: Callable[[int], np.n
         chosen = v
     if chosen is None:
         v, median, per_chunk = seen[0]
-        return v, (f"the smallest vocabulary that holds the {n_symbols}-symbol alphabet: even its typical id occurs only "
-                   f"{median:.0f} times in the {n_chunks} fitting chunks (the rule asks {MIN_MEDIAN_ID_COUNT}); "
-                   f"{per_chunk:.1f} ids a chunk")
+        return v, (
+            f"the smallest vocabulary that holds the {n_symbols}-symbol alphabet: even its typical id occurs only "
+            f"{median:.0f} times in the {n_chunks} fitting chunks (the rule asks {MIN_MEDIAN_ID_COUNT}); "
+            f"{per_chunk:.1f} ids a chunk"
+        )
     v, median, per_chunk = next(s for s in seen if s[0] == chosen)
     larger = next((s for s in seen if s[0] > chosen), None)
     beyond = f"; {larger[0]} ids: {larger[1]:.0f} times" if larger else ""
-    return chosen, (f"the largest vocabulary whose typical id occurs at least {MIN_MEDIAN_ID_COUNT} times in the "
-                    f"{n_chunks} fitting chunks ({median:.0f} times{beyond}); {per_chunk:.1f} ids a chunk")
+    return chosen, (
+        f"the largest vocabulary whose typical id occurs at least {MIN_MEDIAN_ID_COUNT} times in the "
+        f"{n_chunks} fitting chunks ({median:.0f} times{beyond}); {per_chunk:.1f} ids a chunk"
+    )

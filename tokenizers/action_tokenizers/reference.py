@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy.fft
+
 from tokenizers import ByteLevelBPETokenizer, Tokenizer, trainers
 
 from .base import check_saved
@@ -52,9 +53,16 @@ def read_reference(directory: Path) -> tuple[Tokenizer, dict, int]:
     """
     path = directory / "processor_config.json"
     config = check_saved(
-        read_json(path, "reference FAST processor"), path,
-        {"scale": "number>0", "min_token": "int", "vocab_size": "int>=1?", "time_horizon": "int>=1?", "action_dim": "int>=1?"},
-    )  # fmt: skip
+        read_json(path, "reference FAST processor"),
+        path,
+        {
+            "scale": "number>0",
+            "min_token": "int",
+            "vocab_size": "int>=1?",
+            "time_horizon": "int>=1?",
+            "action_dim": "int>=1?",
+        },
+    )
     candidates = [directory / "tokenizer.json", directory / "bpe_tokenizer" / "tokenizer.json"]
     bpe_path = next((p for p in candidates if p.is_file()), None)
     if bpe_path is None:

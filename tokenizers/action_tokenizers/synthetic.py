@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def smooth_chunks(n: int, time_horizon: int = 10, action_dim: int = 7, seed: int = 0, noise: float = 0.02) -> np.ndarray:
+def smooth_chunks(
+    n: int, time_horizon: int = 10, action_dim: int = 7, seed: int = 0, noise: float = 0.02
+) -> np.ndarray:
     """``[n, T, D]`` sums of two low-frequency sinusoids per dimension plus a little noise, mostly in [-1, 1]."""
     rng = np.random.default_rng(seed)
     t = np.linspace(0.0, 1.0, time_horizon)[None, :, None]

@@ -10,6 +10,7 @@ precomputes, for each pending partial UTF-8 sequence and each id, whether the id
 from __future__ import annotations
 
 import numpy as np
+
 from tokenizers import Tokenizer
 
 from .constraint import Constraint
@@ -181,7 +182,9 @@ class ByteDecoder:
             take = simple[row_of]
             lens = self.cp_lengths[ids[take]]
             ends = np.cumsum(lens)
-            cps = self.cp_flat[np.repeat(self.cp_offsets[ids[take]] - (ends - lens), lens) + np.arange(ends[-1] if len(ends) else 0)]
+            cps = self.cp_flat[
+                np.repeat(self.cp_offsets[ids[take]] - (ends - lens), lens) + np.arange(ends[-1] if len(ends) else 0)
+            ]
             per_row = np.bincount(row_of[take], weights=lens, minlength=b).astype(np.int64)[simple]
             good = per_row == n
             rows = np.flatnonzero(simple)

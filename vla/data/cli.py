@@ -1,12 +1,12 @@
 """``vla data``: record demonstrations into a LeRobot dataset, and describe a dataset.
 
-    vla data record                                   # the demo's dataset: push-v3, 100 episodes, state only
-    vla data record --env metaworld --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128
-    vla data record --images --image-format png       # exact PNG frames instead of LeRobot's default video
-    vla data record --task mt10 --episodes 50         # MT10's ten tasks into one dataset, 50 episodes each
-    vla data info DIR                                 # what it holds, what `vla train` would choose, what will hurt
-    vla data stats DIR                                # exact frame statistics into meta/stats.json
-    vla data convert SRC DST                          # a LeRobot v2.1 dataset -> a new v3.0 one (vla.data.convert)
+vla data record                                   # the demo's dataset: push-v3, 100 episodes, state only
+vla data record --env metaworld --task pick-place-v3 --episodes 50 --root DIR --images --image-size 128
+vla data record --images --image-format png       # exact PNG frames instead of LeRobot's default video
+vla data record --task mt10 --episodes 50         # MT10's ten tasks into one dataset, 50 episodes each
+vla data info DIR                                 # what it holds, what `vla train` would choose, what will hurt
+vla data stats DIR                                # exact frame statistics into meta/stats.json
+vla data convert SRC DST                          # a LeRobot v2.1 dataset -> a new v3.0 one (vla.data.convert)
 """
 
 from __future__ import annotations
@@ -50,21 +50,26 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     rec.add_argument("--env", default=DEFAULT_FAMILY, help="simulator family (default: %(default)s)")
     rec.add_argument(
-        "--task", default=DEFAULT_TASK,
+        "--task",
+        default=DEFAULT_TASK,
         help="the family's task (reach-v3), several (drawer-open-v3,drawer-close-v3) or a task set (mt10), all into "
         "one dataset, each episode with its task's instruction (default: %(default)s)",
-    )  # fmt: skip
+    )
     rec.add_argument(
-        "--episodes", type=int, default=DEFAULT_EPISODES,
+        "--episodes",
+        type=int,
+        default=DEFAULT_EPISODES,
         help=f"episodes to keep per task (default: {DEFAULT_EPISODES})",
-    )  # fmt: skip
+    )
     rec.add_argument(
-        "--observation", choices=["privileged", "proprio", "lerobot"], default=None,
+        "--observation",
+        choices=["privileged", "proprio", "lerobot"],
+        default=None,
         help="the simulator's observation: privileged (the state with object and goal poses, the default), "
         "proprio (the robot's own body only, for a camera policy: add --images; Meta-World: hand xyz and gripper, "
         "ALOHA: the 14 joints) or, Meta-World only, lerobot (LeRobot's convention: the 4-D hand and gripper and "
         "its 480 px corner2 camera), which lerobot-eval --env.type=metaworld scores",
-    )  # fmt: skip
+    )
     rec.add_argument(
         "--root",
         type=Path,
@@ -73,19 +78,26 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     rec.add_argument("--images", action="store_true", help="also record a camera image per step")
     rec.add_argument(
-        "--image-format", choices=IMAGE_FORMATS, default=DEFAULT_IMAGE_FORMAT,
+        "--image-format",
+        choices=IMAGE_FORMATS,
+        default=DEFAULT_IMAGE_FORMAT,
         help="how cameras are stored: video (LeRobot's default: AV1 video features by LeRobot's writer, small, lossy) "
         "or png (exact frames in the parquet rows, LeRobot's image dtype) (default: %(default)s)",
-    )  # fmt: skip
-    rec.add_argument(
-        "--image-size", type=int, default=None,
-        help=f"square image side (default: {DEFAULT_IMAGE_SIZE}; with --observation lerobot, LeRobot's 480)"
     )
     rec.add_argument(
-        "--camera", action="append", default=None, dest="cameras",
+        "--image-size",
+        type=int,
+        default=None,
+        help=f"square image side (default: {DEFAULT_IMAGE_SIZE}; with --observation lerobot, LeRobot's 480)",
+    )
+    rec.add_argument(
+        "--camera",
+        action="append",
+        default=None,
+        dest="cameras",
         help="camera key to record (repeatable; default: the simulator's usual one, Meta-World's "
         "observation.images.corner2)",
-    )  # fmt: skip
+    )
     rec.add_argument(
         "--seed",
         type=int,
@@ -118,7 +130,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     stats.set_defaults(func=_stats)
 
     info = sub.add_parser(
-        "info", help="describe a LeRobot dataset: what it holds, what training would choose, what will hurt",
+        "info",
+        help="describe a LeRobot dataset: what it holds, what training would choose, what will hurt",
         description="Describe a LeRobot v3.0 dataset (episodes, frames, features and their names, cameras and their "
         "sizes), check its files and values, and say what `vla train --dataset_root DIR` would choose from it (chunk "
         "length from the fps, matched state dims, grippers, state history, held-out split) and what will hurt.",
@@ -136,8 +149,10 @@ def _record(args: argparse.Namespace) -> int:
     env_name = f"{args.env}/{args.task}"
     root = args.root
     if root is None:
-        root = DEFAULT_DATASET_ROOT if (env_name, args.images) == (DEFAULT_ENV, False) else default_root(
-            env_name, args.images
+        root = (
+            DEFAULT_DATASET_ROOT
+            if (env_name, args.images) == (DEFAULT_ENV, False)
+            else default_root(env_name, args.images)
         )
     summary = record(
         env_name,
@@ -171,14 +186,16 @@ def _record(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from vla.data.stats import write_exact_stats
 
-    print(f"wrote exact frame statistics of the action and state to {write_exact_stats(args.root)} "
-          "(the original kept as stats.json.orig)")  # fmt: skip
+    print(
+        f"wrote exact frame statistics of the action and state to {write_exact_stats(args.root)} "
+        "(the original kept as stats.json.orig)"
+    )
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
-    from vla.data import defaults
     from vla.config import load_config
+    from vla.data import defaults
     from vla.data.reader import check_files, check_frames, check_values, dataset_info
     from vla.data.videos import check_videos
 

@@ -61,9 +61,7 @@ def state_changes(root: str | Path | DatasetInfo, *, episodes: list[int] | None 
     return states - states[np.maximum(np.arange(len(states)) - 1, frames["episode_start"])]
 
 
-def _chunks_at(
-    frames: dict[str, np.ndarray], rows: np.ndarray, time_horizon: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _chunks_at(frames: dict[str, np.ndarray], rows: np.ndarray, time_horizon: int) -> tuple[np.ndarray, np.ndarray]:
     """Chunks starting at ``rows`` (positions in dataset order): float32 [N, T, D], bool [N, T]."""
     wanted = rows[:, None] + np.arange(time_horizon)  # [N, T] positions, may run past the episode's end
     last = frames["episode_end"][rows][:, None] - 1  # [N, 1] the episode's last position

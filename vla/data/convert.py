@@ -50,8 +50,10 @@ def convert(src: str | Path, dst: str | Path, *, overwrite: bool = False, log=lo
     _check_episode_files(src, info)
     dropped = _absent_video_features(src, info)
     if dropped:
-        log(f"dropping camera features whose videos are absent from {src / 'videos'}: {', '.join(dropped)} (the "
-            "converted dataset has no such camera; copy the videos/ folder beside meta/ to keep them)")
+        log(
+            f"dropping camera features whose videos are absent from {src / 'videos'}: {', '.join(dropped)} (the "
+            "converted dataset has no such camera; copy the videos/ folder beside meta/ to keep them)"
+        )
 
     from lerobot.scripts import convert_dataset_v21_to_v30 as lerobot_convert  # slow import: only when converting
     from lerobot.utils.utils import SuppressProgressBars
@@ -67,9 +69,13 @@ def convert(src: str | Path, dst: str | Path, *, overwrite: bool = False, log=lo
             lerobot_convert.convert_episodes_metadata(view, out, episodes, videos)
         new_info = read_json(out / "meta" / "info.json", "converted dataset info")
     summary = {
-        "src": str(src), "dst": str(dst), "episodes": len(episodes), "frames": int(new_info.get("total_frames", 0)),
-        "features": sorted(new_info["features"]), "dropped": dropped,
-    }  # fmt: skip
+        "src": str(src),
+        "dst": str(dst),
+        "episodes": len(episodes),
+        "frames": int(new_info.get("total_frames", 0)),
+        "features": sorted(new_info["features"]),
+        "dropped": dropped,
+    }
     log(f"converted {src} (v2.1) -> {dst} (v3.0): {summary['episodes']} episodes, {summary['frames']} frames")
     return summary
 
@@ -83,8 +89,10 @@ def _check_source(src: Path) -> dict[str, Any]:
     if version == V30:
         raise ValueError(f"{src} is already a {V30} dataset; use it as it is")
     if version != V21:
-        raise ValueError(f"{src} is a {version!r} dataset; vla data convert converts {V21} only (LeRobot's own "
-                         "converters handle older versions step by step: v2.0 -> v2.1 first)")  # fmt: skip
+        raise ValueError(
+            f"{src} is a {version!r} dataset; vla data convert converts {V21} only (LeRobot's own "
+            "converters handle older versions step by step: v2.0 -> v2.1 first)"
+        )
     missing = [f"meta/{name}" for name in LEGACY_META if not (src / "meta" / name).is_file()]
     if missing:
         raise ValueError(f"{src} lacks {', '.join(missing)}, which every {V21} dataset has; copy the whole dataset")
@@ -108,11 +116,15 @@ def _check_destination(src: Path, dst: Path) -> None:
     if d == s:
         raise ValueError(f"the destination is the source ({src}); convert into a new folder beside it")
     if d.is_relative_to(s):
-        raise ValueError(f"the destination {dst} is inside the source dataset {src}; convert into a folder outside "
-                         f"it (e.g. {src.parent / (src.name + '_v30')})")  # fmt: skip
+        raise ValueError(
+            f"the destination {dst} is inside the source dataset {src}; convert into a folder outside "
+            f"it (e.g. {src.parent / (src.name + '_v30')})"
+        )
     if s.is_relative_to(d):
-        raise ValueError(f"the destination {dst} holds the source dataset {src}; convert into a new folder beside it "
-                         f"(e.g. {src.parent / (src.name + '_v30')})")  # fmt: skip
+        raise ValueError(
+            f"the destination {dst} holds the source dataset {src}; convert into a new folder beside it "
+            f"(e.g. {src.parent / (src.name + '_v30')})"
+        )
 
 
 def _listed_episodes(src: Path) -> list[int]:
@@ -125,12 +137,15 @@ def _listed_episodes(src: Path) -> list[int]:
         try:
             entry = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path} line {number} is not valid JSON ({err.msg}); fix the file or download the "
-                             "dataset again") from None  # fmt: skip
+            raise ValueError(
+                f"{path} line {number} is not valid JSON ({err.msg}); fix the file or download the dataset again"
+            ) from None
         episode = entry.get("episode_index") if isinstance(entry, dict) else None
         if isinstance(episode, bool) or not isinstance(episode, int) or episode < 0:
-            raise ValueError(f"{path} line {number}: \"episode_index\" is {episode!r}; it must be a whole number "
-                             ">= 0. Fix the file or download the dataset again")  # fmt: skip
+            raise ValueError(
+                f'{path} line {number}: "episode_index" is {episode!r}; it must be a whole number '
+                ">= 0. Fix the file or download the dataset again"
+            )
         ids.append(episode)
     return ids
 
@@ -143,26 +158,39 @@ def _check_episode_files(src: Path, info: dict[str, Any]) -> None:
     try:
         wanted = {src / template.format(episode_chunk=e // chunks_size, episode_index=e): e for e in episodes}
     except (KeyError, IndexError, ValueError):
-        raise ValueError(f"{src / 'meta' / 'info.json'}: \"data_path\" is {template!r}; it must be LeRobot {V21}'s "
-                         "template, e.g. 'data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet'. Fix "
-                         "the file or download the dataset again") from None  # fmt: skip
+        raise ValueError(
+            f'{src / "meta" / "info.json"}: "data_path" is {template!r}; it must be LeRobot {V21}\'s '
+            "template, e.g. 'data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet'. Fix "
+            "the file or download the dataset again"
+        ) from None
     missing = [p for p in wanted if not p.is_file()]
     extra = sorted(set((src / "data").glob("*/*.parquet")) - set(wanted))
     damaged = [p for p in wanted if p.is_file() and meta.damaged_parquet(p)]
     problems = []
     if missing:
-        problems.append(f"{len(missing)} of its {len(wanted)} episodes have no data file ("
-                        + ", ".join(str(p.relative_to(src)) for p in missing[:5]) + (", ..." if len(missing) > 5 else "")
-                        + ")")  # fmt: skip
+        problems.append(
+            f"{len(missing)} of its {len(wanted)} episodes have no data file ("
+            + ", ".join(str(p.relative_to(src)) for p in missing[:5])
+            + (", ..." if len(missing) > 5 else "")
+            + ")"
+        )
     if damaged:
-        problems.append(f"{len(damaged)} data file(s) are truncated or damaged ("
-                        + ", ".join(str(p.relative_to(src)) for p in damaged[:5]) + ")")  # fmt: skip
+        problems.append(
+            f"{len(damaged)} data file(s) are truncated or damaged ("
+            + ", ".join(str(p.relative_to(src)) for p in damaged[:5])
+            + ")"
+        )
     if extra:
-        problems.append(f"{len(extra)} data file(s) are not listed in meta/episodes.jsonl ("
-                        + ", ".join(str(p.relative_to(src)) for p in extra[:5]) + ")")  # fmt: skip
+        problems.append(
+            f"{len(extra)} data file(s) are not listed in meta/episodes.jsonl ("
+            + ", ".join(str(p.relative_to(src)) for p in extra[:5])
+            + ")"
+        )
     if problems:
-        raise ValueError(f"{src} cannot be converted: {'; '.join(problems)}. Copy or download the dataset again "
-                         "(every episode's data file); nothing was written")  # fmt: skip
+        raise ValueError(
+            f"{src} cannot be converted: {'; '.join(problems)}. Copy or download the dataset again "
+            "(every episode's data file); nothing was written"
+        )
 
 
 def _absent_video_features(src: Path, info: dict[str, Any]) -> list[str]:
@@ -210,11 +238,12 @@ def _source_view(src: Path, view: Path, info: dict[str, Any], dropped: list[str]
 def add_cli(sub) -> None:
     """``vla data convert SRC DST`` (added to ``vla data``'s sub-commands)."""
     p = sub.add_parser(
-        "convert", help="convert a LeRobot v2.1 dataset into a new v3.0 one (LeRobot's converter, offline)",
+        "convert",
+        help="convert a LeRobot v2.1 dataset into a new v3.0 one (LeRobot's converter, offline)",
         description="Convert the LeRobot v2.1 dataset SRC into a new v3.0 dataset DST with LeRobot's own converter, "
         "offline (SRC is left as it is). Cameras listed as video whose files are absent are dropped and named; DST is "
         "written to a hidden sibling folder and renamed into place, so a failed conversion leaves nothing there.",
-    )  # fmt: skip
+    )
     p.add_argument("src", type=Path, help="the v2.1 dataset folder (meta/info.json, meta/*.jsonl, data/chunk-*/...)")
     p.add_argument("dst", type=Path, help="the new v3.0 dataset folder (must not exist)")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")

@@ -51,9 +51,16 @@ SHORT_CHUNKS = 2  # an episode under this many chunks long is short (most of its
 # `vla train` without a config file starts here: every setting this module chooses left unset.
 FROM_DATA: dict[str, Any] = {
     "heldout_episodes": None,
-    "policy": {"image_keys": None, "vision_encoder": AUTO, "time_horizon": None, "n_action_steps": None,
-               "n_obs_steps": None, "relative_actions": AUTO, "scheduler_decay_steps": None},
-}  # fmt: skip
+    "policy": {
+        "image_keys": None,
+        "vision_encoder": AUTO,
+        "time_horizon": None,
+        "n_action_steps": None,
+        "n_obs_steps": None,
+        "relative_actions": AUTO,
+        "scheduler_decay_steps": None,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,11 @@ class Choice:
     given: bool = False
 
     def line(self) -> str:
-        return f"{self.name} = {_text(self.value)} (given)" if self.given else f"{self.name} = {_text(self.value)}: {self.why}"
+        return (
+            f"{self.name} = {_text(self.value)} (given)"
+            if self.given
+            else f"{self.name} = {_text(self.value)}: {self.why}"
+        )
 
 
 @dataclass(frozen=True)
@@ -95,8 +106,10 @@ class Facts:
         arrays = {k: frames[k].astype(np.float64) for k in vectors}
         finite = np.all([np.isfinite(a).all(axis=1) for a in arrays.values()], axis=0)  # [F] rows without NaN/inf
         arrays = {k: a[finite] for k, a in arrays.items()}
-        spans = {k: (np.quantile(a, 0.99, axis=0) - np.quantile(a, 0.01, axis=0)) if len(a) else np.zeros(a.shape[1])
-                 for k, a in arrays.items()}  # fmt: skip
+        spans = {
+            k: (np.quantile(a, 0.99, axis=0) - np.quantile(a, 0.01, axis=0)) if len(a) else np.zeros(a.shape[1])
+            for k, a in arrays.items()
+        }
         grippers = [i for i, n in enumerate(info.action_names or []) if any(w in n.lower() for w in GRIPPER_WORDS)]
         if OBS_STATE not in arrays:
             return cls(None, "the dataset has no observation.state", None, grippers, spans, int(finite.sum()))
@@ -110,8 +123,10 @@ class Facts:
             return [False] * len(dims)
         bad = [j for j in dims if not 0 <= j < self.distance.shape[1]]
         if len(dims) != self.distance.shape[0] or bad:
-            raise ValueError(f"policy.action_state_dims = {dims} is invalid: give one state dim in [0, "
-                             f"{self.distance.shape[1]}) per action dim ({self.distance.shape[0]})")  # fmt: skip
+            raise ValueError(
+                f"policy.action_state_dims = {dims} is invalid: give one state dim in [0, "
+                f"{self.distance.shape[1]}) per action dim ({self.distance.shape[0]})"
+            )
         return [bool(self.distance[i, j] < TRACKS) for i, j in enumerate(dims)]
 
     def barely_moving(self, feature: str) -> tuple[list[int], list[int]]:
@@ -155,10 +170,10 @@ def match_state(
             return list(range(a)), f"one to one: the dims agree ({a}) and each state dim tracks its action dim"
         return [int(j) for j in nearest], f"matched by values: each action dim tracks one state dim{named}"
     if a == s:
-        return list(range(a)), f"one to one: the dims agree ({a}), though the values do not show the state tracking " \
-                               "the action"  # fmt: skip
-    return None, (f"no state dim matches: the {s}-D state's names and values do not hold the {a}-D action's "
-                  "quantities")  # fmt: skip
+        return list(
+            range(a)
+        ), f"one to one: the dims agree ({a}), though the values do not show the state tracking the action"
+    return None, (f"no state dim matches: the {s}-D state's names and values do not hold the {a}-D action's quantities")
 
 
 def _sample_episodes(info: reader.DatasetInfo) -> list[int]:
@@ -181,13 +196,18 @@ def action_state(policy, info: reader.DatasetInfo, facts: Facts | None = None):
         why = "the policy reads no state" if info.state_dim is not None else "the dataset has no observation.state"
         relative = "none" if relative == AUTO else relative
         return dataclasses.replace(policy, action_state_dims=None, relative_actions=relative), [
-            Choice("policy.action_state_dims", None, why), Choice("policy.relative_actions", relative, why)]
+            Choice("policy.action_state_dims", None, why),
+            Choice("policy.relative_actions", relative, why),
+        ]
     facts = facts or Facts.read(info)
     dims, choices = policy.action_state_dims, []
     if dims is None:
         dims = facts.action_state_dims
-        pairs = "" if dims is None else " (" + ", ".join(f"{names[i]} <- {_state_name(info, j)}"
-                                                         for i, j in enumerate(dims)) + ")"  # fmt: skip
+        pairs = (
+            ""
+            if dims is None
+            else " (" + ", ".join(f"{names[i]} <- {_state_name(info, j)}" for i, j in enumerate(dims)) + ")"
+        )
         choices.append(Choice("policy.action_state_dims", dims, facts.how + pairs))
     else:
         choices.append(Choice("policy.action_state_dims", dims, given=True))
@@ -222,15 +242,25 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         return chosen if unset else value
 
     cams = ", ".join(info.camera_text(k) for k in info.camera_keys)
-    keys = pick("policy.image_keys", p.image_keys, p.image_keys is None, list(info.camera_keys),
-                f"every camera of the dataset: {cams}" if cams else "the dataset has no camera: state and task only")
+    keys = pick(
+        "policy.image_keys",
+        p.image_keys,
+        p.image_keys is None,
+        list(info.camera_keys),
+        f"every camera of the dataset: {cams}" if cams else "the dataset has no camera: state and task only",
+    )
     if not keys:
         encoder, why = "siglip", "no camera is read (unused)"
     elif p.backbone_path:
         encoder, why = "siglip", "PaliGemma's own tower, pretrained (backbone_path)"
     else:
-        encoder, why = "conv", ("cameras learnt from scratch: the conv stem learns to see where SigLIP from scratch "
-                                "learns to ignore the camera (configs/images.yaml: 34% against 6% on push-v3)")  # fmt: skip
+        encoder, why = (
+            "conv",
+            (
+                "cameras learnt from scratch: the conv stem learns to see where SigLIP from scratch "
+                "learns to ignore the camera (configs/images.yaml: 34% against 6% on push-v3)"
+            ),
+        )
     encoder = pick("policy.vision_encoder", p.vision_encoder, p.vision_encoder == AUTO, encoder, why)
 
     seconds = p.chunk_seconds
@@ -238,8 +268,11 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         from_user = seconds is not None
         seconds = seconds if from_user else CHUNK_SECONDS
         horizon, longest = max(1, round(seconds * info.fps)), int(info.episode_lengths.max())
-        why = f"{seconds:g} s at {info.fps} fps (" + ("policy.chunk_seconds" if from_user else
-                                                       "the default chunk, policy.chunk_seconds unset") + ")"
+        why = (
+            f"{seconds:g} s at {info.fps} fps ("
+            + ("policy.chunk_seconds" if from_user else "the default chunk, policy.chunk_seconds unset")
+            + ")"
+        )
         if from_user and p.time_horizon is not None and p.time_horizon != horizon:
             why += f"; chunk_seconds decides T, not time_horizon={p.time_horizon}"
         if horizon > longest:
@@ -247,29 +280,57 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         horizon = pick("policy.time_horizon", p.time_horizon, True, horizon, why)
     else:
         horizon = pick("policy.time_horizon", p.time_horizon, False, None, "")
-    n_action = pick("policy.n_action_steps", p.n_action_steps, p.n_action_steps is None, max(1, horizon // 2),
-                    "half the chunk runs before the next is predicted (the fixed recipe's 5 of 10)")
+    n_action = pick(
+        "policy.n_action_steps",
+        p.n_action_steps,
+        p.n_action_steps is None,
+        max(1, horizon // 2),
+        "half the chunk runs before the next is predicted (the fixed recipe's 5 of 10)",
+    )
     reads_state = info.state_dim is not None and p.state_dim != 0
     if not reads_state:
         history, why = 1, "the policy reads no state"
     elif keys:
         history, why = 1, "the policy reads cameras: the current state with them"
     else:
-        history, why = STATE_HISTORY, (f"state only: positions alone do not show motion; the last {STATE_HISTORY} "
-                                       "states show it (configs/piper_grape.yaml's recipe)")  # fmt: skip
+        history, why = (
+            STATE_HISTORY,
+            (
+                f"state only: positions alone do not show motion; the last {STATE_HISTORY} "
+                "states show it (configs/piper_grape.yaml's recipe)"
+            ),
+        )
     history = pick("policy.n_obs_steps", p.n_obs_steps, p.n_obs_steps is None, history, why)
-    decay = pick("policy.scheduler_decay_steps", p.scheduler_decay_steps, p.scheduler_decay_steps is None, cfg.steps,
-                 f"the run's steps ({cfg.steps}): the cosine decay ends at the last step")
+    decay = pick(
+        "policy.scheduler_decay_steps",
+        p.scheduler_decay_steps,
+        p.scheduler_decay_steps is None,
+        cfg.steps,
+        f"the run's steps ({cfg.steps}): the cosine decay ends at the last step",
+    )
     if info.num_episodes >= 2:
         n = min(max(1, round(HELDOUT_SHARE * info.num_episodes)), info.num_episodes - 1)
-        share, why = HELDOUT_SHARE, (f"{n} of {info.num_episodes} episodes kept out of training for the offline "
-                                     "report (the policy against the mean-action and hold-the-state baselines)")  # fmt: skip
+        share, why = (
+            HELDOUT_SHARE,
+            (
+                f"{n} of {info.num_episodes} episodes kept out of training for the offline "
+                "report (the policy against the mean-action and hold-the-state baselines)"
+            ),
+        )
     else:
         share, why = 0.0, "one episode: nothing to hold out, so no offline report"
     heldout = pick("heldout_episodes", cfg.heldout_episodes, cfg.heldout_episodes is None, share, why)
 
-    policy = dataclasses.replace(p, image_keys=keys, vision_encoder=encoder, time_horizon=horizon, chunk_seconds=seconds,
-                                 n_action_steps=n_action, n_obs_steps=history, scheduler_decay_steps=decay)  # fmt: skip
+    policy = dataclasses.replace(
+        p,
+        image_keys=keys,
+        vision_encoder=encoder,
+        time_horizon=horizon,
+        chunk_seconds=seconds,
+        n_action_steps=n_action,
+        n_obs_steps=history,
+        scheduler_decay_steps=decay,
+    )
     facts = facts if facts is not None or info.state_dim is None or p.state_dim == 0 else Facts.read(info)
     policy, more = action_state(policy, info, facts)
     choices += more
@@ -286,8 +347,9 @@ def resolve(cfg, info: reader.DatasetInfo, log=print):
     cfg, choices = choose(cfg, info)
     if saved is not None:
         cfg = dataclasses.replace(cfg, chosen=dict(saved.get("chosen") or {}))
-        choices = [Choice(c.name, c.value, "kept from the run being resumed") if c.name in cfg.chosen else c
-                   for c in choices]  # fmt: skip
+        choices = [
+            Choice(c.name, c.value, "kept from the run being resumed") if c.name in cfg.chosen else c for c in choices
+        ]
     if log is not None:
         for c in choices:
             if not c.given:
@@ -328,38 +390,57 @@ def warnings(info: reader.DatasetInfo, policy, facts: Facts | None = None) -> li
     for feature, label, names in ((ACTION, "action", info.action_names), (OBS_STATE, "state", info.state_names)):
         constant, near = facts.barely_moving(feature)
         if constant:
-            out.append(f"{label} dims {_listed(names, constant)} never change over {facts.frames} frames: they carry "
-                       "nothing to learn or to read")  # fmt: skip
+            out.append(
+                f"{label} dims {_listed(names, constant)} never change over {facts.frames} frames: they carry "
+                "nothing to learn or to read"
+            )
         if near:
             span = facts.spans[feature]
-            out.append(f"{label} dims {_listed(names, near)} barely move (q01..q99 spans "
-                       f"{', '.join(f'{span[i]:.3g}' for i in near)} against a median {np.median(span[span > 0]):.3g} "
-                       "over the others): normalised to [-1, 1], their noise looks like motion")  # fmt: skip
+            out.append(
+                f"{label} dims {_listed(names, near)} barely move (q01..q99 spans "
+                f"{', '.join(f'{span[i]:.3g}' for i in near)} against a median {np.median(span[span > 0]):.3g} "
+                "over the others): normalised to [-1, 1], their noise looks like motion"
+            )
     horizon = policy.time_horizon
     if horizon:
         short = int((info.episode_lengths < horizon).sum())
         brief = int((info.episode_lengths < SHORT_CHUNKS * horizon).sum()) - short
         if short:
-            out.append(f"{short} of {info.num_episodes} episodes are shorter than the chunk ({horizon} frames): most "
-                       "of their chunks are padding; use a shorter --policy.chunk_seconds or drop them")  # fmt: skip
+            out.append(
+                f"{short} of {info.num_episodes} episodes are shorter than the chunk ({horizon} frames): most "
+                "of their chunks are padding; use a shorter --policy.chunk_seconds or drop them"
+            )
         if brief:
-            out.append(f"{brief} of {info.num_episodes} episodes are under {SHORT_CHUNKS} chunks long ({SHORT_CHUNKS * horizon}"
-                       " frames): most of their chunks run past the episode's end")  # fmt: skip
+            out.append(
+                f"{brief} of {info.num_episodes} episodes are under {SHORT_CHUNKS} chunks long ({SHORT_CHUNKS * horizon}"
+                " frames): most of their chunks run past the episode's end"
+            )
     if info.state_dim is not None and policy.state_dim != 0:
         named = info.action_names and info.state_names
         if named and not set(info.action_names) <= set(info.state_names):
             dims = policy.action_state_dims
-            out.append("state and action are named differently (" + ", ".join(info.action_names[:3]) + " ... against "
-                       + ", ".join(info.state_names[:3]) + " ...): "
-                       + (f"matched by values as {dims}; check it, or give --policy.action_state_dims"
-                          if dims is not None else "no match found; give --policy.action_state_dims if the state holds "
-                          "the action's quantities"))  # fmt: skip
+            out.append(
+                "state and action are named differently ("
+                + ", ".join(info.action_names[:3])
+                + " ... against "
+                + ", ".join(info.state_names[:3])
+                + " ...): "
+                + (
+                    f"matched by values as {dims}; check it, or give --policy.action_state_dims"
+                    if dims is not None
+                    else "no match found; give --policy.action_state_dims if the state holds the action's quantities"
+                )
+            )
         elif policy.action_state_dims is None:
-            out.append("no state dim matches the action: no relative actions and no hold-the-state baseline; give "
-                       "--policy.action_state_dims if the state holds the action's quantities")  # fmt: skip
+            out.append(
+                "no state dim matches the action: no relative actions and no hold-the-state baseline; give "
+                "--policy.action_state_dims if the state holds the action's quantities"
+            )
     if 2 <= info.num_episodes < 10:
-        out.append(f"only {info.num_episodes} episodes: the held-out report rests on one or two of them, and a policy "
-                   "sees few ways through the task")  # fmt: skip
+        out.append(
+            f"only {info.num_episodes} episodes: the held-out report rests on one or two of them, and a policy "
+            "sees few ways through the task"
+        )
     return out
 
 

@@ -39,15 +39,16 @@ class InfoFile:
         except FileNotFoundError:
             raise ValueError(f"{path} is missing; pass the dataset folder that holds meta/info.json") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path} is not valid JSON ({str(err).splitlines()[0]}); fix the file or "
-                             f"{REDOWNLOAD}") from None  # fmt: skip
+            raise ValueError(
+                f"{path} is not valid JSON ({str(err).splitlines()[0]}); fix the file or {REDOWNLOAD}"
+            ) from None
         if not isinstance(raw, dict):
             raise ValueError(f"{path} holds a JSON {type(raw).__name__}, not an object; {REDOWNLOAD}")
         return cls(path, raw)
 
     def bad(self, field: str, value: Any, want: str) -> ValueError:
         """The one-line error for a bad field: the file, the field, its value and what it must be."""
-        return ValueError(f"{self.path}: \"{field}\" is {value!r}; it must be {want}. Fix the file or {REDOWNLOAD}")
+        return ValueError(f'{self.path}: "{field}" is {value!r}; it must be {want}. Fix the file or {REDOWNLOAD}')
 
     @property
     def version(self) -> str | None:
@@ -56,8 +57,13 @@ class InfoFile:
     def fps(self) -> int:
         """The recording rate: a positive whole number of frames per second (LeRobot stores an integer)."""
         value = self.raw.get("fps")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 \
-                or value != int(value):  # fmt: skip
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+            or value != int(value)
+        ):
             raise self.bad("fps", value, "the recording rate, a positive whole number of frames per second (e.g. 30)")
         return int(value)
 
@@ -90,8 +96,11 @@ class InfoFile:
                 raise self.bad(f"{where}.dtype", dtype, "a string such as float32, image or video")
             if isinstance(shape, int) and not isinstance(shape, bool):
                 shape = [shape]
-            if not isinstance(shape, (list, tuple)) or not shape or \
-                    not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape):  # fmt: skip
+            if (
+                not isinstance(shape, (list, tuple))
+                or not shape
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)
+            ):
                 raise self.bad(f"{where}.shape", shape, "a list of positive whole numbers, e.g. [6]")
             feature = dict(feature, shape=list(shape))
             if dtype not in ("image", "video"):  # a camera's names label its axes (height, width, channels)
@@ -111,8 +120,10 @@ def flat_names(names: Any, size: int, where: str = "names") -> tuple[list[str] |
     if flat is None:
         return None, None
     if len(flat) != size:
-        return None, (f"{where} lists {len(flat)} names for {size} values; they are ignored (the dims are numbered "
-                      "instead). Give one name per value to have grippers and state dims found by name")  # fmt: skip
+        return None, (
+            f"{where} lists {len(flat)} names for {size} values; they are ignored (the dims are numbered "
+            "instead). Give one name per value to have grippers and state dims found by name"
+        )
     return flat, None
 
 
@@ -138,11 +149,14 @@ def read_parquet(path: Path, columns: list[str] | None = None, *, what: str = "d
     try:
         return pq.read_table(path, columns=columns)
     except (pa.ArrowInvalid, OSError) as err:
-        raise ValueError(f"{path} is not a readable parquet file ({str(err).splitlines()[0]}): the {what} is truncated "
-                         f"or damaged; {REDOWNLOAD} (`vla data info` names the episodes it holds)") from None  # fmt: skip
+        raise ValueError(
+            f"{path} is not a readable parquet file ({str(err).splitlines()[0]}): the {what} is truncated "
+            f"or damaged; {REDOWNLOAD} (`vla data info` names the episodes it holds)"
+        ) from None
     except KeyError as err:  # a column meta/info.json promises is not in the file
-        raise ValueError(f"{path} lacks the column {err}; the {what} does not match meta/info.json: "
-                         f"{REDOWNLOAD}") from None  # fmt: skip
+        raise ValueError(
+            f"{path} lacks the column {err}; the {what} does not match meta/info.json: {REDOWNLOAD}"
+        ) from None
 
 
 def damaged_parquet(path: Path) -> str | None:
@@ -175,7 +189,9 @@ def episode_table(root: Path, data_path: str | None = None) -> dict[str, np.ndar
         for column in ("episode_index", "length"):
             if column not in table.column_names:
                 raise ValueError(f"{f} has no {column!r} column; the episode table is not LeRobot v3.0's: {REDOWNLOAD}")
-        keep = [c for c in ("episode_index", "length", "data/chunk_index", "data/file_index") if c in table.column_names]
+        keep = [
+            c for c in ("episode_index", "length", "data/chunk_index", "data/file_index") if c in table.column_names
+        ]
         tables.append(table.select(keep))
     table = pa.concat_tables(tables, promote_options="default")
     episodes, lengths = table.column("episode_index").to_numpy(), table.column("length").to_numpy()
@@ -187,8 +203,10 @@ def episode_table(root: Path, data_path: str | None = None) -> dict[str, np.ndar
         raise ValueError(f"{where}: episode {int(repeated[0])} is listed more than once; {REDOWNLOAD}")
     if (lengths < 1).any():
         bad = int(episodes[np.argmax(lengths < 1)])
-        raise ValueError(f"{where}: episode {bad} has length {int(lengths[episodes == bad][0])}; every episode needs "
-                         f"at least one frame: {REDOWNLOAD}")  # fmt: skip
+        raise ValueError(
+            f"{where}: episode {bad} has length {int(lengths[episodes == bad][0])}; every episode needs "
+            f"at least one frame: {REDOWNLOAD}"
+        )
     out = {"episode_index": episodes, "length": lengths}
     if {"data/chunk_index", "data/file_index"} <= set(table.column_names):
         chunk = table.column("data/chunk_index").to_numpy()[order]
@@ -197,8 +215,10 @@ def episode_table(root: Path, data_path: str | None = None) -> dict[str, np.ndar
         try:
             paths = [template.format(chunk_index=int(c), file_index=int(i)) for c, i in zip(chunk, file)]
         except (KeyError, IndexError, ValueError):
-            raise ValueError(f"{root / 'meta' / 'info.json'}: \"data_path\" is {template!r}; it must be LeRobot "
-                             f"v3.0's template, e.g. {DATA_PATH!r}. Fix the file or {REDOWNLOAD}") from None  # fmt: skip
+            raise ValueError(
+                f'{root / "meta" / "info.json"}: "data_path" is {template!r}; it must be LeRobot '
+                f"v3.0's template, e.g. {DATA_PATH!r}. Fix the file or {REDOWNLOAD}"
+            ) from None
         out["data_file"] = np.array(paths, dtype=object)
     return out
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
@@ -45,9 +46,19 @@ IMAGE_PREFIX = OBS_IMAGES + "."  # camera keys: observation.images.<camera> (the
 CODEBASE_VERSION = "v3.0"
 RECORDING_FILE = "meta/recording.json"  # written by vla.sim.record, absent elsewhere
 _NUMERIC_DTYPES = {
-    "bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64",
-}  # fmt: skip
+    "bool",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+}
 _CAMERA_DTYPES = {"image", "video"}
 
 
@@ -66,7 +77,9 @@ class DatasetInfo:
     camera_keys: list[str]  # "observation.images.*" features stored as images or videos
     action_dim: int
     state_dim: int | None  # None when the dataset has no observation.state
-    action_names: list[str] | None  # one per action dim (any layout in meta/info.json read flat: vla.data.meta.flat_names)
+    action_names: (
+        list[str] | None
+    )  # one per action dim (any layout in meta/info.json read flat: vla.data.meta.flat_names)
     tasks: list[str]  # by task_index
     robot_type: str | None = None
     recording: dict | None = field(default=None, repr=False)  # meta/recording.json from vla.sim.record
@@ -112,7 +125,8 @@ class DatasetInfo:
             f"{self.root}: {self.num_episodes} episodes, {self.num_frames} frames at {self.fps} fps",
             f"  episode length: min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}",
             f"  action: {self.action_dim}-D {self.action_names or ''}".rstrip(),
-            f"  state: {self.state_dim}-D {self.state_names or ''}".rstrip() if self.state_dim is not None
+            f"  state: {self.state_dim}-D {self.state_names or ''}".rstrip()
+            if self.state_dim is not None
             else "  state: none",
             f"  cameras: {', '.join(self.camera_text(k) for k in self.camera_keys) or 'none'}",
             f"  tasks: {'; '.join(self.tasks[:3])}{' ...' if len(self.tasks) > 3 else ''}",
@@ -212,16 +226,20 @@ def dataset_info(root: str | Path) -> DatasetInfo:
     version = info.version
     if version != CODEBASE_VERSION:
         hint = "`vla data convert SRC DST`" if version == "v2.1" else "LeRobot's converters, one version at a time"
-        raise ValueError(f"{root} is a LeRobot {version} dataset; this reads {CODEBASE_VERSION} only. Convert it "
-                         f"with {hint}")  # fmt: skip
+        raise ValueError(
+            f"{root} is a LeRobot {version} dataset; this reads {CODEBASE_VERSION} only. Convert it with {hint}"
+        )
     features = info.features()
     _check_numeric(root, features, ACTION, required=True)
     _check_numeric(root, features, OBS_STATE, required=False)
     cameras = [k for k, ft in features.items() if ft["dtype"] in _CAMERA_DTYPES]
     for key in cameras:
         if len(features[key]["shape"]) != 3:
-            raise info.bad(f"features.{key}.shape", features[key]["shape"], "a camera's [height, width, 3] (or "
-                           "[3, height, width] with names starting 'channels')")  # fmt: skip
+            raise info.bad(
+                f"features.{key}.shape",
+                features[key]["shape"],
+                "a camera's [height, width, 3] (or [3, height, width] with names starting 'channels')",
+            )
 
     episodes = meta.episode_table(root, info.text("data_path"))
     return DatasetInfo(
@@ -251,8 +269,10 @@ def nonfinite(frames: dict[str, np.ndarray], features: list[str]) -> dict[str, s
         bad = ~np.isfinite(frames[name].astype(np.float64))
         if bad.any():
             row = int(np.flatnonzero(bad.any(axis=1))[0])
-            out[name] = (f"{int(bad.sum())} values in {int(bad.any(axis=1).sum())} frames, the first in episode "
-                         f"{int(frames['episode_index'][row])} at frame {int(frames['frame_in_episode'][row])}")  # fmt: skip
+            out[name] = (
+                f"{int(bad.sum())} values in {int(bad.any(axis=1).sum())} frames, the first in episode "
+                f"{int(frames['episode_index'][row])} at frame {int(frames['frame_in_episode'][row])}"
+            )
     return out
 
 
@@ -282,8 +302,10 @@ def check_files(root: str | Path | DatasetInfo) -> None:
     if bad:
         listed = "; ".join(f"{p.relative_to(info.root)}: {why}" for p, why in list(bad.items())[:3])
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        raise ValueError(f"{info.root}: {len(bad)} data file(s) cannot be read ({listed}{more}); {meta.REDOWNLOAD} "
-                         "(those episodes' files at least)")  # fmt: skip
+        raise ValueError(
+            f"{info.root}: {len(bad)} data file(s) cannot be read ({listed}{more}); {meta.REDOWNLOAD} "
+            "(those episodes' files at least)"
+        )
 
 
 def check_values(root: str | Path | DatasetInfo) -> dict[str, str]:
@@ -293,9 +315,7 @@ def check_values(root: str | Path | DatasetInfo) -> dict[str, str]:
     return nonfinite(_read_frames(info, info.episode_index.tolist(), features), features)
 
 
-def split_episodes(
-    root: str | Path | DatasetInfo, heldout: float = 0.2, seed: int = 0
-) -> tuple[list[int], list[int]]:
+def split_episodes(root: str | Path | DatasetInfo, heldout: float = 0.2, seed: int = 0) -> tuple[list[int], list[int]]:
     """Split the episodes into (train, held-out) lists, seeded; at least one of each when ``heldout > 0``.
 
     ``heldout`` is the held-out fraction in [0, 1). Both lists are sorted episode indices.
@@ -334,9 +354,7 @@ def _check_root(root: str | Path) -> Path:
 def _check_numeric(root: Path, features: dict, key: str, *, required: bool) -> None:
     if key not in features:
         if required:
-            raise ValueError(
-                f"{root} has no '{key}' feature (it has {sorted(features)}); policies train on '{key}'"
-            )
+            raise ValueError(f"{root} has no '{key}' feature (it has {sorted(features)}); policies train on '{key}'")
         return
     dtype = features[key].get("dtype")
     if dtype not in _NUMERIC_DTYPES:

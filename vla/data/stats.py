@@ -1,7 +1,7 @@
 """Exact statistics of a dataset's frames, and LeRobot's ``meta/stats.json`` (read, and rewritten exactly).
 
-    frame_stats(info, ["action", "observation.state"], episodes)   # min, max, mean, std, q01..q99 of the frames
-    write_exact_stats(root)                                          # `vla data stats`: into meta/stats.json
+frame_stats(info, ["action", "observation.state"], episodes)   # min, max, mean, std, q01..q99 of the frames
+write_exact_stats(root)                                          # `vla data stats`: into meta/stats.json
 """
 
 from __future__ import annotations
@@ -52,8 +52,10 @@ def frame_stats(
         raise ValueError("frame_stats needs at least one episode")
     frames = _read_frames(info, chosen, list(features))
     for name, problem in nonfinite(frames, list(features)).items():
-        raise ValueError(f"{info.root}: '{name}' holds NaN or inf: {problem}. Fix or drop those frames (or the "
-                         "episode) in the dataset; training cannot normalise them")  # fmt: skip
+        raise ValueError(
+            f"{info.root}: '{name}' holds NaN or inf: {problem}. Fix or drop those frames (or the "
+            "episode) in the dataset; training cannot normalise them"
+        )
     return {name: array_stats(frames[name]) for name in features}
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
+from vla.data.columns import _chunks_at
 from vla.data.reader import (
     DatasetInfo,
     _check_episodes,
@@ -34,7 +35,6 @@ from vla.data.reader import (
     as_info,
     check_frames,
 )
-from vla.data.columns import _chunks_at
 from vla.data.videos import check_videos, video_index, video_keys
 
 BACKENDS = ("lerobot", "memory", "auto")
@@ -76,8 +76,10 @@ def open_dataset(
         repo_id=f"local/{info.root.name}",  # never contacted: root holds the files
         root=info.root,
         episodes=None if episodes is None else selected,
-        delta_timestamps={ACTION: [k / info.fps for k in range(time_horizon)],
-                          **({OBS_STATE: [k / info.fps for k in range(1 - obs_steps, 1)]} if obs_steps > 1 else {})},
+        delta_timestamps={
+            ACTION: [k / info.fps for k in range(time_horizon)],
+            **({OBS_STATE: [k / info.fps for k in range(1 - obs_steps, 1)]} if obs_steps > 1 else {}),
+        },
         tolerance_s=TOLERANCE_S,
         video_backend=VIDEO_BACKEND,  # also skips LeRobot's probe of torchcodec (a traceback where it cannot load)
     )
@@ -118,8 +120,10 @@ def choose_backend(
         return "memory", "no cameras: actions and state from parquet"
     need = frame_bytes(root, image_keys, image_size, episodes)
     verdict = "fit" if need <= budget else "exceed"
-    why = f"{len(image_keys)} camera(s) decoded once: {need / 2**20:.1f} MiB of uint8 frames {verdict} the " \
-          f"{budget / 2**30:.1f} GiB budget"  # fmt: skip
+    why = (
+        f"{len(image_keys)} camera(s) decoded once: {need / 2**20:.1f} MiB of uint8 frames {verdict} the "
+        f"{budget / 2**30:.1f} GiB budget"
+    )
     return ("memory" if need <= budget else "lerobot"), why
 
 
@@ -169,8 +173,9 @@ class ActionChunkDataset(torch.utils.data.Dataset):
         self.backend = backend
         self._state = self.info.state_dim is not None
         if backend == "lerobot":
-            self.lerobot = open_dataset(self.info, time_horizon, episodes=episodes, image_keys=self.image_keys,
-                                        obs_steps=obs_steps)  # fmt: skip
+            self.lerobot = open_dataset(
+                self.info, time_horizon, episodes=episodes, image_keys=self.image_keys, obs_steps=obs_steps
+            )
             self._length = len(self.lerobot)
         else:
             check_videos(self.info, self.image_keys, selected)  # before any decoding: nothing done in vain
@@ -254,8 +259,9 @@ class ActionChunkDataset(torch.utils.data.Dataset):
         starts = np.flatnonzero(self._frames["frame_in_episode"] == 0)  # [E] each episode's first row
         video = key in video_keys(self.info)
         where = _episode_videos(self.info, key) if video else None
-        for start in tqdm(starts, desc=f"decode {key.rsplit('.', 1)[-1]}", unit="ep", disable=not progress,
-                          leave=False):  # fmt: skip
+        for start in tqdm(
+            starts, desc=f"decode {key.rsplit('.', 1)[-1]}", unit="ep", disable=not progress, leave=False
+        ):
             rows = slice(int(start), int(self._frames["episode_end"][start]))
             if video:
                 path, offset = where[int(self._frames["episode_index"][start])]
@@ -264,8 +270,10 @@ class ActionChunkDataset(torch.utils.data.Dataset):
                 frames = torch.from_numpy(np.stack([_png(cell, key) for cell in self._frames[key][rows]]))
                 frames = frames.permute(0, 3, 1, 2)  # [n, H, W, 3] -> [n, 3, H, W]
             if frames.shape[-2:] != (h, w):
-                raise ValueError(f"{self.info.root}: camera {key} holds {tuple(frames.shape[-2:])} frames but "
-                                 f"meta/info.json says {h}x{w}; the dataset is inconsistent")  # fmt: skip
+                raise ValueError(
+                    f"{self.info.root}: camera {key} holds {tuple(frames.shape[-2:])} frames but "
+                    f"meta/info.json says {h}x{w}; the dataset is inconsistent"
+                )
             out[rows] = frames if size == (h, w) else _to_uint8(_resized(frames.float() / 255, key, self.image_size))
         self._frames.pop(key, None)  # the PNG bytes are no longer needed
         return out
@@ -292,8 +300,10 @@ def _png(cell: Any, key: str) -> np.ndarray:
 
     data = cell.get("bytes") if isinstance(cell, dict) else None
     if data is None:
-        raise ValueError(f"camera {key} has a frame without embedded PNG bytes ({cell!r}); LeRobot v3.0 datasets "
-                         "embed their frames: convert or record the dataset again")  # fmt: skip
+        raise ValueError(
+            f"camera {key} has a frame without embedded PNG bytes ({cell!r}); LeRobot v3.0 datasets "
+            "embed their frames: convert or record the dataset again"
+        )
     with Image.open(io.BytesIO(data)) as image:
         return np.asarray(image.convert("RGB"))
 

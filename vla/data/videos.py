@@ -1,8 +1,8 @@
 """A dataset's cameras stored as video: which they are, where each episode's frames live, whether every file is there.
 
-    video_keys(info)                 # the cameras stored as MP4 (the rest are PNG frames in the parquet rows)
-    video_index(info, key)           # per episode: the MP4 path and the first frame's timestamp in it
-    check_videos(info, keys, eps)    # a ValueError naming the first missing file, before anything is decoded
+video_keys(info)                 # the cameras stored as MP4 (the rest are PNG frames in the parquet rows)
+video_index(info, key)           # per episode: the MP4 path and the first frame's timestamp in it
+check_videos(info, keys, eps)    # a ValueError naming the first missing file, before anything is decoded
 """
 
 from __future__ import annotations
@@ -30,15 +30,21 @@ def video_index(root: str | Path | DatasetInfo, key: str) -> dict[str, np.ndarra
     try:
         table = pa.concat_tables(pq.read_table(f, columns=["episode_index", *columns]) for f in files)
     except (KeyError, pa.ArrowInvalid) as err:
-        raise ValueError(f"{info.root}'s episode table has no video columns for {key} ({err}); the dataset's meta/ "
-                         "is incomplete: copy or record it again") from None  # fmt: skip
+        raise ValueError(
+            f"{info.root}'s episode table has no video columns for {key} ({err}); the dataset's meta/ "
+            "is incomplete: copy or record it again"
+        ) from None
     order = np.argsort(table.column("episode_index").to_numpy())
     chunk, file, start = (table.column(c).to_numpy()[order] for c in columns)
     template = info.video_path or "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-    paths = [info.root / template.format(video_key=key, chunk_index=int(c), file_index=int(f))
-             for c, f in zip(chunk, file)]  # fmt: skip
-    return {"episode_index": table.column("episode_index").to_numpy()[order].astype(np.int64),
-            "path": np.array(paths, dtype=object), "from_timestamp": start.astype(np.float64)}  # fmt: skip
+    paths = [
+        info.root / template.format(video_key=key, chunk_index=int(c), file_index=int(f)) for c, f in zip(chunk, file)
+    ]
+    return {
+        "episode_index": table.column("episode_index").to_numpy()[order].astype(np.int64),
+        "path": np.array(paths, dtype=object),
+        "from_timestamp": start.astype(np.float64),
+    }
 
 
 def video_keys(root: str | Path | DatasetInfo) -> list[str]:

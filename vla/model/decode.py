@@ -42,9 +42,9 @@ import torch
 from action_tokenizers import ActionTokenizer, Constraint, DecodeResult
 
 from vla.model.lean import LeanSteps
-from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
 from vla.model.sequence import Sequence, prefix_lm_mask
 from vla.model.vocab import VocabMap
+from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
 
 
 @dataclass
@@ -157,8 +157,21 @@ def generate(
     # masks, buffers) would otherwise each fork and join too. Each phase below decides again for itself.
     whole = LeanSteps.threads_for(model, rows=prompt.input_ids.numel()) if lean else None
     with _intra_op_threads(whole):
-        return _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator,
-                       lean, num_beams, trace)  # fmt: skip
+        return _decode(
+            model,
+            prompt,
+            vocab,
+            vc,
+            images,
+            max_new_tokens,
+            temperature,
+            top_p,
+            use_cache,
+            generator,
+            lean,
+            num_beams,
+            trace,
+        )
 
 
 @contextlib.contextmanager
@@ -226,8 +239,21 @@ def _repeat_rows(prompt: Sequence, k: int) -> Sequence:
     return Sequence(**{name: t.repeat_interleave(k, dim=0) for name, t in prompt.__dict__.items()})
 
 
-def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p, use_cache, generator, lean,
-            num_beams=1, trace=None):  # fmt: skip
+def _decode(
+    model,
+    prompt,
+    vocab,
+    vc,
+    images,
+    max_new_tokens,
+    temperature,
+    top_p,
+    use_cache,
+    generator,
+    lean,
+    num_beams=1,
+    trace=None,
+):
     """``generate`` after its checks: prefill, then one token per step (lean, transformers' cache, or recomputed);
     with ``num_beams`` > 1 every row runs as that many hypotheses, the cache following the survivors of each step."""
     device = model.device
@@ -251,8 +277,16 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
         with _intra_op_threads(LeanSteps.threads_for(model, rows=prompt.input_ids.numel())):
             logits = model.logits(lean_steps.prefill(prompt, images))  # [B, V]
     else:
-        out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
-                    images=images, use_cache=use_cache, state=prompt.state, state_slots=prompt.state_slots)  # fmt: skip
+        out = model(
+            prompt.input_ids,
+            prompt.attention_mask,
+            prompt.position_ids,
+            token_type_ids=prompt.ar,
+            images=images,
+            use_cache=use_cache,
+            state=prompt.state,
+            state_slots=prompt.state_slots,
+        )
         cache = out.past_key_values if use_cache else None
         logits = model.logits(out.last_hidden_state[:, -1])  # [B, V]
     # one thread for small steps (see LeanSteps.SINGLE_THREAD_MACS); transformers' paths keep torch's setting
@@ -294,8 +328,13 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
                 continue
             if use_cache:  # one new token attends to every valid key so far (the cache) and itself
                 key_valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)  # [B, Lp + step + 1]
-                out = model(token[:, None], key_valid[:, None, :], (next_position + step)[:, None],
-                            past_key_values=cache, use_cache=True)  # fmt: skip
+                out = model(
+                    token[:, None],
+                    key_valid[:, None, :],
+                    (next_position + step)[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
                 cache = out.past_key_values
             else:  # recompute everything: prompt + tokens so far, as one suffix-extended sequence
                 new = tokens[:, : step + 1]
@@ -304,8 +343,15 @@ def _decode(model, prompt, vocab, vc, images, max_new_tokens, temperature, top_p
                 new_positions = next_position[:, None] + torch.arange(step + 1, device=device)  # [B, step + 1]
                 positions = torch.cat([prompt.position_ids, new_positions], dim=1)
                 slots = torch.cat([prompt.state_slots, torch.zeros_like(new, dtype=torch.bool)], dim=1)
-                out = model(torch.cat([prompt.input_ids, new], dim=1), prefix_lm_mask(valid, ar), positions,
-                            token_type_ids=ar, images=images, state=prompt.state, state_slots=slots)  # fmt: skip
+                out = model(
+                    torch.cat([prompt.input_ids, new], dim=1),
+                    prefix_lm_mask(valid, ar),
+                    positions,
+                    token_type_ids=ar,
+                    images=images,
+                    state=prompt.state,
+                    state_slots=slots,
+                )
             logits = model.logits(out.last_hidden_state[:, -1])
     if beams is not None:  # each prompt's most probable hypothesis
         best = beams.best()
@@ -322,18 +368,30 @@ def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, gener
     slots = prompt.query_slots
     n = int(slots[0].sum())
     if not bool((slots.sum(dim=1) == n).all()) or not bool(slots[:, -n:].all()):
-        raise ValueError("every row of a parallel prompt needs the same number of query slots in its last columns; "
-                         "build it with SequenceLayout(decoding='parallel').build_prefix")  # fmt: skip
+        raise ValueError(
+            "every row of a parallel prompt needs the same number of query slots in its last columns; "
+            "build it with SequenceLayout(decoding='parallel').build_prefix"
+        )
     if vc is not None and fixed_chunk_length(vc.constraint) not in (None, n):
-        raise ValueError(f"the prompt has {n} query slots but the constraint's chunks have "
-                         f"{fixed_chunk_length(vc.constraint)} ids; build both from the same tokenizer")  # fmt: skip
+        raise ValueError(
+            f"the prompt has {n} query slots but the constraint's chunks have "
+            f"{fixed_chunk_length(vc.constraint)} ids; build both from the same tokenizer"
+        )
     b = len(prompt)
     if lean and LeanSteps.supports(model):
         with _intra_op_threads(LeanSteps.threads_for(model, rows=prompt.input_ids.numel())):
             hidden = model.lean_steps(prompt, 0).prefill(prompt, images, last=n)  # [B, n, H]
     else:
-        out = model(prompt.input_ids, prompt.attention_mask, prompt.position_ids, token_type_ids=prompt.ar,
-                    images=images, state=prompt.state, state_slots=prompt.state_slots, query_slots=slots)  # fmt: skip
+        out = model(
+            prompt.input_ids,
+            prompt.attention_mask,
+            prompt.position_ids,
+            token_type_ids=prompt.ar,
+            images=images,
+            state=prompt.state,
+            state_slots=prompt.state_slots,
+            query_slots=slots,
+        )
         hidden = out.last_hidden_state[:, -n:]
     logits = model.logits(hidden)  # [B, n, V]
     nonfinite = ~torch.isfinite(logits).flatten(1).all(dim=1)

@@ -29,6 +29,7 @@ from vla.model.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
+
 class LeanSteps:
     """The backbone's Gemma layers as plain tensor ops on a static KV cache: ``prefill(prompt, images)`` runs the
     prompt, then ``__call__(token, step)`` runs one new token per row (``token`` ``[B]``, the id sampled at ``step``);
@@ -80,8 +81,10 @@ class LeanSteps:
             self.plan.append((w_in, qkv, a.o_proj.weight.t(), w_post, gate_up, m.down_proj.weight.t(), a.scaling))
         self.lp = lp
         device, dtype = model.device, model.dtype
-        self.keys = [torch.empty(b, self.kv_heads, lp + max_new_tokens, self.head_dim, device=device, dtype=dtype)
-                     for _ in self.layers]  # fmt: skip
+        self.keys = [
+            torch.empty(b, self.kv_heads, lp + max_new_tokens, self.head_dim, device=device, dtype=dtype)
+            for _ in self.layers
+        ]
         self.values = [torch.empty_like(k) for k in self.keys]
         valid = torch.cat([prompt.valid.to(device), torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)], 1)
         self.mask = model.additive_mask(valid[:, None, :])  # [B, 1, 1, Lp + N]: every column a new token may see
@@ -146,8 +149,9 @@ class LeanSteps:
             qk = qkv[:, : nh + nkv]
             qk = qk * cos + qk.roll(half, -1) * sin  # RoPE on queries and keys at once
             keys[:, :, col], values[:, :, col] = qk[:, nh:], qkv[:, nh + nkv :]
-            o = F.scaled_dot_product_attention(qk[:, :nh, None], keys[:, :, :n], values[:, :, :n], attn_mask=mask,
-                                               scale=scale, enable_gqa=True)  # fmt: skip  # [B, nh, 1, hd]
+            o = F.scaled_dot_product_attention(
+                qk[:, :nh, None], keys[:, :, :n], values[:, :, :n], attn_mask=mask, scale=scale, enable_gqa=True
+            )  # [B, nh, 1, hd]
             x = x + o.reshape(b, nh * hd) @ w_o
             h = self._norm(x, w_post)
             gate, up = _matmul(h, w_gate_up).chunk(2, dim=-1)
@@ -185,8 +189,9 @@ class LeanSteps:
                 v = F.linear(h, a.v_proj.weight).view(b, lq, nkv, self.head_dim).transpose(1, 2)
                 q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
             keys[:, :, col : col + lq], values[:, :, col : col + lq] = k, v
-            o = F.scaled_dot_product_attention(q, keys[:, :, :n], values[:, :, :n], attn_mask=mask, scale=a.scaling,
-                                               enable_gqa=True)  # fmt: skip  # [B, nh, Lq, hd]
+            o = F.scaled_dot_product_attention(
+                q, keys[:, :, :n], values[:, :, :n], attn_mask=mask, scale=a.scaling, enable_gqa=True
+            )  # [B, nh, Lq, hd]
             x = x + F.linear(o.transpose(1, 2).reshape(b, lq, -1), a.o_proj.weight)
             h = self._norm(x, w_post)
             if fused is not None:
@@ -255,8 +260,12 @@ def suffix_hidden(model, seq: Sequence, images: torch.Tensor | None = None) -> t
         except Exception as err:  # noqa: BLE001 (no C++ compiler, an op inductor cannot lower, ...): run it eagerly
             model.compile_training = False
             reason = (str(err).strip().splitlines() or [""])[0][:200]
-            logger.warning("torch.compile could not compile the training step (%s: %s); training goes on without it "
-                           "(the same arithmetic, uncompiled)", type(err).__name__, reason)  # fmt: skip
+            logger.warning(
+                "torch.compile could not compile the training step (%s: %s); training goes on without it "
+                "(the same arithmetic, uncompiled)",
+                type(err).__name__,
+                reason,
+            )
     return _packed_stack(lm, x, rows, reads, cos, sin, mask)
 
 

@@ -27,11 +27,11 @@ from torch import nn
 from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
 from vla.model.lean import LeanSteps, suffix_hidden
-from vla.names import check_name
-from vla.model.sequence import Sequence
-from vla.model.vocab import VocabMap
-from vla.model.vision import STRIDES, VISION_ENCODERS, build_tower
 from vla.model.presets import ModelPreset, get_preset, paligemma_config
+from vla.model.sequence import Sequence
+from vla.model.vision import STRIDES, VISION_ENCODERS, build_tower
+from vla.model.vocab import VocabMap
+from vla.names import check_name
 
 
 def build_model(
@@ -112,8 +112,10 @@ def build_model(
         stride = STRIDES[vision_encoder]
         if model.image_size % stride:
             size, step = model.image_size, math.lcm(stride, int(backbone.config.vision_config.patch_size))
-            raise ValueError(f"the {vision_encoder} encoder reads images whose size is a multiple of {stride}, but "
-                             f"the backbone's is {size}; set image_size to e.g. {size - size % step or step}")  # fmt: skip
+            raise ValueError(
+                f"the {vision_encoder} encoder reads images whose size is a multiple of {stride}, but "
+                f"the backbone's is {size}; set image_size to e.g. {size - size % step or step}"
+            )
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed + 3)
@@ -298,14 +300,18 @@ class PrefixLM(nn.Module):
         embeds = self.backbone.get_input_embeddings()(input_ids.to(self.device))
         if _any(state_slots):
             if self.state_encoder is None:
-                raise ValueError("the sequence has state slots but this model has no state encoder; build it with "
-                                 "state_tokens > 0 (VLAConfig.state_encoding='embedding')")  # fmt: skip
+                raise ValueError(
+                    "the sequence has state slots but this model has no state encoder; build it with "
+                    "state_tokens > 0 (VLAConfig.state_encoding='embedding')"
+                )
             values = self.state_encoder(state.to(self.device, embeds.dtype))  # [B, k, hidden]
             embeds = _write(embeds, state_slots.to(self.device), values, "state")
         if _any(query_slots):
             if self.slot_embedding is None:
-                raise ValueError("the sequence has query slots but this model has no slot embedding; build it with "
-                                 "query_slots > 0 (VLAConfig.decoding='parallel')")  # fmt: skip
+                raise ValueError(
+                    "the sequence has query slots but this model has no slot embedding; build it with "
+                    "query_slots > 0 (VLAConfig.decoding='parallel')"
+                )
             embeds = _write(embeds, query_slots.to(self.device), self.slot_embedding(len(embeds)), "query")
         return embeds
 
@@ -333,9 +339,16 @@ class PrefixLM(nn.Module):
         if lean:
             hidden = suffix_hidden(self, seq, images)  # [N, hidden], N = suffix targets in the batch
         else:
-            out = self(seq.input_ids, seq.attention_mask, seq.position_ids, token_type_ids=seq.token_type_ids,
-                       images=images, state=seq.state, state_slots=seq.state_slots,
-                       query_slots=seq.query_slots)  # fmt: skip
+            out = self(
+                seq.input_ids,
+                seq.attention_mask,
+                seq.position_ids,
+                token_type_ids=seq.token_type_ids,
+                images=images,
+                state=seq.state,
+                state_slots=seq.state_slots,
+                query_slots=seq.query_slots,
+            )
             hidden = out.last_hidden_state[seq.loss_mask]  # [N, hidden], N = suffix targets in the batch
         logits = self.logits(hidden)  # [N, V]
         targets = seq.targets[seq.loss_mask]  # [N]
@@ -344,7 +357,11 @@ class PrefixLM(nn.Module):
             is_action = seq.action_mask[seq.loss_mask]
             hits = (logits.argmax(-1) == targets)[is_action]
             accuracy = hits.float().mean()  # NaN when the batch holds no action ids
-        return loss, {"loss": loss.detach(), "accuracy": accuracy, "suffix_tokens": torch.tensor(float(targets.numel()))}
+        return loss, {
+            "loss": loss.detach(),
+            "accuracy": accuracy,
+            "suffix_tokens": torch.tensor(float(targets.numel())),
+        }
 
 
 def _any(mask: torch.Tensor | None) -> bool:

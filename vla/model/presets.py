@@ -63,8 +63,10 @@ def paligemma_config(
     """
     size = image_size or preset.image_size
     if size % preset.patch_size:
-        raise ValueError(f"image_size {size} is not a multiple of the patch size {preset.patch_size}; use e.g. "
-                         f"{size - size % preset.patch_size or preset.patch_size}")  # fmt: skip
+        raise ValueError(
+            f"image_size {size} is not a multiple of the patch size {preset.patch_size}; use e.g. "
+            f"{size - size % preset.patch_size or preset.patch_size}"
+        )
     vision = dict(
         model_type="siglip_vision_model",
         hidden_size=preset.vision_hidden_size,

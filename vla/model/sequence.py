@@ -59,6 +59,7 @@ DECODINGS = ("autoregressive", "parallel")
 _STATE_SLOT = -1  # marks a state slot in a prefix row until _pack turns it into a padded id + state_slots
 _QUERY_SLOT = -2  # marks a parallel query slot until _pack turns it into a padded id + query_slots
 
+
 # --- the layout --------------------------------------------------------------------------------------------
 @dataclass
 class LayoutStats:
@@ -78,7 +79,9 @@ class Sequence:
 
     input_ids: torch.Tensor  # long [B, L]
     valid: torch.Tensor  # bool [B, L], False on padding
-    ar: torch.Tensor  # long [B, L], 1 where a token opens a causal block: the suffix (prefix-LM) or every token (causal)
+    ar: (
+        torch.Tensor
+    )  # long [B, L], 1 where a token opens a causal block: the suffix (prefix-LM) or every token (causal)
     position_ids: torch.Tensor  # long [B, L], cumsum(valid) - 1, 0 on padding
     targets: torch.Tensor  # long [B, L], the id predicted at each position (next token), pad elsewhere
     loss_mask: torch.Tensor  # bool [B, L], positions whose target is a suffix token
@@ -229,8 +232,12 @@ class SequenceLayout:
         self.stats.tasks_truncated += 1
         logger.warning(
             "task %r is too long for max_prefix_len %d: cut to %r (%d truncations so far); raise max_prefix_len "
-            "to keep whole tasks", original, self.max_prefix_len, task, self.stats.tasks_truncated,
-        )  # fmt: skip
+            "to keep whole tasks",
+            original,
+            self.max_prefix_len,
+            task,
+            self.stats.tasks_truncated,
+        )
         return ids
 
     def prefix_ids(self, task: str, state: np.ndarray) -> list[int]:
@@ -278,9 +285,7 @@ class SequenceLayout:
         rows = [(prefix, suffix) for prefix in self._prefix_rows(tasks, states)]
         return self._pack(rows, states, pad_left=True)
 
-    def build_training_sequence(
-        self, tasks: list[str], states: np.ndarray, action_ids: list[list[int]]
-    ) -> Sequence:
+    def build_training_sequence(self, tasks: list[str], states: np.ndarray, action_ids: list[list[int]]) -> Sequence:
         """Training rows, right-padded: ``[prefix][Action: a_1..a_n | EOS][pad..]``, loss on the suffix.
 
         Parallel: ``[prefix][q_1..q_n][pad..]``, slot ``i``'s target action id ``a_i``, loss on the slots only.
@@ -330,8 +335,9 @@ class SequenceLayout:
         valid_np = (column >= start[:, None]) & (column < (start + lengths)[:, None])  # [B, L]
         ids_np = np.full((b, width), pad, dtype=np.int64)
         # every row's tokens are contiguous and in order, so the row-major True cells take the rows' ids in turn
-        ids_np[valid_np] = np.fromiter(itertools.chain.from_iterable(p + s for p, s in rows), dtype=np.int64,
-                                       count=int(lengths.sum()))  # fmt: skip
+        ids_np[valid_np] = np.fromiter(
+            itertools.chain.from_iterable(p + s for p, s in rows), dtype=np.int64, count=int(lengths.sum())
+        )
         input_ids, valid = torch.from_numpy(ids_np), torch.from_numpy(valid_np)
         in_suffix = torch.from_numpy(valid_np & (column >= (start + prefix_lens)[:, None]))
         # Every token with ar = 1 opens its own causal block: the suffix's (prefix-LM), or every valid one (causal).
@@ -361,6 +367,16 @@ class SequenceLayout:
             action_mask = target_in_suffix.clone()
         prefix_len = torch.from_numpy(prefix_lens)
         state = torch.as_tensor(np.clip(states, -1.0, 1.0), dtype=torch.float32)  # clipped as the text path is
-        return Sequence(input_ids, valid, ar, position_ids, targets, target_in_suffix, action_mask, prefix_len,
-                        state, state_slots, query_slots)  # fmt: skip
-
+        return Sequence(
+            input_ids,
+            valid,
+            ar,
+            position_ids,
+            targets,
+            target_in_suffix,
+            action_mask,
+            prefix_len,
+            state,
+            state_slots,
+            query_slots,
+        )

@@ -63,7 +63,9 @@ class ByteTextTokenizer:
         self._word_ids = {w: self.word_offset + i for i, w in enumerate(words)}
         alternatives = [self._number]
         if words:  # longest first, so the regex prefers " pushing" to " push"
-            alternatives.append("(?P<word>" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + ")")
+            alternatives.append(
+                "(?P<word>" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + ")"
+            )
         self._pattern = re.compile("|".join(alternatives))
 
     def encode(self, text: str) -> list[int]:

@@ -97,8 +97,10 @@ class KeypointEncoder(nn.Module):
         """``pixel_values`` ``[B, 3, S, S]`` (SigLIP's [-1, 1] range; S a multiple of 4) -> ``last_hidden_state``
         ``[B, tokens, hidden]``; other keyword arguments (SigLIP's) are accepted and ignored."""
         if pixel_values.ndim != 4 or pixel_values.shape[1] != 3 or pixel_values.shape[-1] % STRIDE:
-            raise ValueError(f"the keypoint encoder reads RGB images [B, 3, S, S] with S a multiple of {STRIDE}, got "
-                             f"shape {tuple(pixel_values.shape)}")  # fmt: skip
+            raise ValueError(
+                f"the keypoint encoder reads RGB images [B, 3, S, S] with S a multiple of {STRIDE}, got "
+                f"shape {tuple(pixel_values.shape)}"
+            )
         features = self.stem(pixel_values)  # [B, C, S/4, S/4]
         xy, weights = spatial_softmax(self.keypoints(features), self.log_temperature.exp())  # [B, K, 2], [B, K, HW]
         attended = weights @ features.flatten(2).transpose(1, 2)  # [B, K, C]: the features under each keypoint
@@ -125,7 +127,9 @@ class ConvEncoder(nn.Module):
         if len(channels) != 3:
             raise ValueError(f"the conv encoder has 3 stride-2 blocks, so it needs 3 channel widths, got {channels}")
         if image_size % CONV_STRIDE:
-            raise ValueError(f"the conv encoder reads images whose size is a multiple of {CONV_STRIDE}, got {image_size}")
+            raise ValueError(
+                f"the conv encoder reads images whose size is a multiple of {CONV_STRIDE}, got {image_size}"
+            )
         self.hidden, self.tokens, self.image_size = int(hidden), int(tokens), int(image_size)
         widths = (3, *(int(c) for c in channels))
         self.stem = nn.Sequential(*(_block(cin, cout, 2) for cin, cout in zip(widths, widths[1:])))
@@ -139,7 +143,9 @@ class ConvEncoder(nn.Module):
         arguments (SigLIP's) are accepted and ignored."""
         s = self.image_size
         if pixel_values.ndim != 4 or tuple(pixel_values.shape[1:]) != (3, s, s):
-            raise ValueError(f"the conv encoder reads RGB images [B, 3, {s}, {s}], got shape {tuple(pixel_values.shape)}")
+            raise ValueError(
+                f"the conv encoder reads RGB images [B, 3, {s}, {s}], got shape {tuple(pixel_values.shape)}"
+            )
         feature = self.norm(self.project(self.stem(pixel_values).flatten(1)))  # [B, hidden]
         return BaseModelOutputWithPooling(last_hidden_state=feature[:, None] + self.token_embedding)
 

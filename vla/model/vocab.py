@@ -41,9 +41,7 @@ class VocabMap:
         return cls(text, int(action_vocab_size), "compact", text.size + int(action_vocab_size), text.size)
 
     @classmethod
-    def paligemma(
-        cls, text: TextTokenizer, action_vocab_size: int, model_vocab_size: int = 257216
-    ) -> VocabMap:
+    def paligemma(cls, text: TextTokenizer, action_vocab_size: int, model_vocab_size: int = 257216) -> VocabMap:
         """openpi's map on PaliGemma's vocabulary: action ``t`` -> ``257152 - 1 - 128 - t``."""
         base = PALIGEMMA_TEXT_VOCAB - 1 - PALIGEMMA_SKIP
         if action_vocab_size > base - 1000:  # keep the common text ids (and the ones the prompt uses) free

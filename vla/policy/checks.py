@@ -41,7 +41,9 @@ class CheckBatch:
             state = checked_state(_numpy(batch, OBS_STATE), self.state_dim, self.obs_steps)
         tasks = batch.get("task")
         if tasks is None:
-            raise ValueError("the batch lacks 'task' (the instruction, a string per sample); add e.g. batch['task'] = ['push']")
+            raise ValueError(
+                "the batch lacks 'task' (the instruction, a string per sample); add e.g. batch['task'] = ['push']"
+            )
         tasks = [tasks] * len(state) if isinstance(tasks, str) else list(tasks)
         if len(tasks) != len(state):
             raise ValueError(f"batch['task'] holds {len(tasks)} strings for {len(state)} states; pass one per sample")
@@ -84,7 +86,7 @@ def checked_state(state: np.ndarray, state_dim: int, obs_steps: int = 1) -> np.n
                 f"batch['{OBS_STATE}'] has shape {tuple(state.shape)} but the policy reads the last {obs_steps} "
                 f"frames of a {state_dim}-D state (n_obs_steps={obs_steps}); pass [B, {obs_steps}, {state_dim}], "
                 "oldest first (select_action keeps the history itself; at an episode's start repeat the first frame)"
-            )  # fmt: skip
+            )
     else:
         state = state[None] if state.ndim == 1 else state
         if state.ndim != 2 or state.shape[1] != state_dim:
@@ -112,7 +114,9 @@ def _rows(batch: Batch, image_keys: tuple[str, ...]) -> int:
 
 def _numpy(batch: Batch, key: str) -> np.ndarray:
     if key not in batch:
-        raise ValueError(f"the batch lacks {key!r}{suggestion(key, map(str, batch))} (keys: {', '.join(map(str, batch))})")
+        raise ValueError(
+            f"the batch lacks {key!r}{suggestion(key, map(str, batch))} (keys: {', '.join(map(str, batch))})"
+        )
     value = batch[key]
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().double().numpy()

@@ -12,17 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from action_tokenizers.base import MAX_ACTION_DIM, MAX_TIME_HORIZON
+from action_tokenizers.normalize import NORM_MODES
 from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature, PreTrainedConfig
 from lerobot.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
 from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
-from action_tokenizers.base import MAX_ACTION_DIM, MAX_TIME_HORIZON
-from action_tokenizers.normalize import NORM_MODES
 from vla.data.reader import IMAGE_PREFIX
 from vla.model.presets import PRESETS
-from vla.names import suggestion
 from vla.model.sequence import ATTENTIONS, DECODINGS, STATE_ENCODINGS
 from vla.model.vision import VISION_ENCODERS
+from vla.names import suggestion
 from vla.tokenizer_choice import parse_choice
 
 DTYPES = ("float32", "bfloat16")
@@ -167,37 +167,82 @@ class VLAConfig(PreTrainedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.preset not in PRESETS:
-            raise ValueError(f"preset {self.preset!r} is unknown{suggestion(self.preset, PRESETS, 0.4)}; "
-                             f"choose one of {', '.join(PRESETS)}")  # fmt: skip
+            raise ValueError(
+                f"preset {self.preset!r} is unknown{suggestion(self.preset, PRESETS, 0.4)}; "
+                f"choose one of {', '.join(PRESETS)}"
+            )
         if self.backbone_path is not None and self.preset != "paligemma-3b":
             raise ValueError(f"backbone_path is set but preset is {self.preset!r}; set preset='paligemma-3b'")
-        _check(self.attn_implementation in ("sdpa", "eager"), "attn_implementation", self.attn_implementation,
-               "use 'sdpa' or 'eager'")  # fmt: skip
+        _check(
+            self.attn_implementation in ("sdpa", "eager"),
+            "attn_implementation",
+            self.attn_implementation,
+            "use 'sdpa' or 'eager'",
+        )
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
         close = suggestion(self.vision_encoder, VISION_ENCODERS)
-        _check(self.vision_encoder in (*VISION_ENCODERS, AUTO), "vision_encoder", self.vision_encoder,
-               f"use one of {', '.join(VISION_ENCODERS)} or {AUTO!r} (chosen when training starts){close}")  # fmt: skip
+        _check(
+            self.vision_encoder in (*VISION_ENCODERS, AUTO),
+            "vision_encoder",
+            self.vision_encoder,
+            f"use one of {', '.join(VISION_ENCODERS)} or {AUTO!r} (chosen when training starts){close}",
+        )
         _check(self.optimizer_lr > 0, "optimizer_lr", self.optimizer_lr, "use a positive learning rate (3e-3 for tiny)")
-        _check(self.optimizer_grad_clip_norm > 0, "optimizer_grad_clip_norm", self.optimizer_grad_clip_norm,
-               "use a positive norm (1.0 is the FAST paper's)")  # fmt: skip
-        _check(len(self.optimizer_betas) == 2 and all(0 <= b < 1 for b in self.optimizer_betas), "optimizer_betas",
-               self.optimizer_betas, "use two numbers in [0, 1), e.g. (0.9, 0.95)")  # fmt: skip
+        _check(
+            self.optimizer_grad_clip_norm > 0,
+            "optimizer_grad_clip_norm",
+            self.optimizer_grad_clip_norm,
+            "use a positive norm (1.0 is the FAST paper's)",
+        )
+        _check(
+            len(self.optimizer_betas) == 2 and all(0 <= b < 1 for b in self.optimizer_betas),
+            "optimizer_betas",
+            self.optimizer_betas,
+            "use two numbers in [0, 1), e.g. (0.9, 0.95)",
+        )
         _check(self.scheduler_warmup_steps >= 0, "scheduler_warmup_steps", self.scheduler_warmup_steps, "use >= 0")
-        _check(self.scheduler_decay_steps is None or self.scheduler_decay_steps >= 1, "scheduler_decay_steps",
-               self.scheduler_decay_steps, "use >= 1, or None (the run's steps)")  # fmt: skip
-        _check(0 <= self.scheduler_decay_lr <= self.optimizer_lr, "scheduler_decay_lr", self.scheduler_decay_lr,
-               f"use a value in [0, optimizer_lr = {self.optimizer_lr}]")  # fmt: skip
-        _check(self.time_horizon is None or self.time_horizon >= 1, "time_horizon", self.time_horizon,
-               "use a positive number of steps, or None (from chunk_seconds and the dataset's fps)")  # fmt: skip
-        _check(self.chunk_seconds is None or 0 < self.chunk_seconds < float("inf"), "chunk_seconds",
-               self.chunk_seconds, "use a positive number of seconds, e.g. 0.5, or None")  # fmt: skip
-        _check(self.n_action_steps is None or 1 <= self.n_action_steps <= (self.time_horizon or self.n_action_steps),
-               "n_action_steps", self.n_action_steps, f"use 1 <= n_action_steps <= time_horizon ({self.time_horizon}), "
-               "or None (half the chunk)")  # fmt: skip
-        _check(self.n_obs_steps is None or self.n_obs_steps >= 1, "n_obs_steps", self.n_obs_steps,
-               "use 1 (the current state) or n > 1 (the last n states, oldest first: a velocity cue)")  # fmt: skip
-        _check(self.temporal_ensemble is None or 0 <= self.temporal_ensemble < float("inf"), "temporal_ensemble",
-               self.temporal_ensemble, "use a coefficient >= 0 (ACT's 0.01) or None (no ensembling)")  # fmt: skip
+        _check(
+            self.scheduler_decay_steps is None or self.scheduler_decay_steps >= 1,
+            "scheduler_decay_steps",
+            self.scheduler_decay_steps,
+            "use >= 1, or None (the run's steps)",
+        )
+        _check(
+            0 <= self.scheduler_decay_lr <= self.optimizer_lr,
+            "scheduler_decay_lr",
+            self.scheduler_decay_lr,
+            f"use a value in [0, optimizer_lr = {self.optimizer_lr}]",
+        )
+        _check(
+            self.time_horizon is None or self.time_horizon >= 1,
+            "time_horizon",
+            self.time_horizon,
+            "use a positive number of steps, or None (from chunk_seconds and the dataset's fps)",
+        )
+        _check(
+            self.chunk_seconds is None or 0 < self.chunk_seconds < float("inf"),
+            "chunk_seconds",
+            self.chunk_seconds,
+            "use a positive number of seconds, e.g. 0.5, or None",
+        )
+        _check(
+            self.n_action_steps is None or 1 <= self.n_action_steps <= (self.time_horizon or self.n_action_steps),
+            "n_action_steps",
+            self.n_action_steps,
+            f"use 1 <= n_action_steps <= time_horizon ({self.time_horizon}), or None (half the chunk)",
+        )
+        _check(
+            self.n_obs_steps is None or self.n_obs_steps >= 1,
+            "n_obs_steps",
+            self.n_obs_steps,
+            "use 1 (the current state) or n > 1 (the last n states, oldest first: a velocity cue)",
+        )
+        _check(
+            self.temporal_ensemble is None or 0 <= self.temporal_ensemble < float("inf"),
+            "temporal_ensemble",
+            self.temporal_ensemble,
+            "use a coefficient >= 0 (ACT's 0.01) or None (no ensembling)",
+        )
         for name in ("action_dim", "image_size", "max_action_tokens"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "use a positive integer or leave it unset (None)")
@@ -207,38 +252,67 @@ class VLAConfig(PreTrainedConfig):
             _check(not big, name, value, f"use at most {bound} (its bound in SIZE_BOUNDS)")
         fps_ok = self.fps is None or 0 < self.fps < float("inf")
         _check(fps_ok, "fps", self.fps, "use the data's frames per second, e.g. 10, or None (not recorded)")
-        _check(self.state_dim is None or self.state_dim >= 0, "state_dim", self.state_dim,
-               "use a positive integer, 0 (no state: an image-only policy) or leave it unset (None: from the data)")
+        _check(
+            self.state_dim is None or self.state_dim >= 0,
+            "state_dim",
+            self.state_dim,
+            "use a positive integer, 0 (no state: an image-only policy) or leave it unset (None: from the data)",
+        )
         _check(self.image_shift >= 0, "image_shift", self.image_shift, "use 0 (no shift) or a few pixels, e.g. 4")
         # observation.images.<cam>, or LeRobot's one-camera key observation.image (its Meta-World env's)
         keys = self.image_keys or []
         bad = [k for k in keys if not k.startswith(IMAGE_PREFIX) and k != OBS_IMAGE or k == IMAGE_PREFIX]
-        _check(not bad, "image_keys", bad,
-               f"name cameras by their full key, e.g. '{IMAGE_PREFIX}front' or '{OBS_IMAGE}'")  # fmt: skip
+        _check(
+            not bad, "image_keys", bad, f"name cameras by their full key, e.g. '{IMAGE_PREFIX}front' or '{OBS_IMAGE}'"
+        )
         _check(len(set(keys)) == len(keys), "image_keys", self.image_keys, "list each camera once")
         _check(self.max_prefix_len >= 16, "max_prefix_len", self.max_prefix_len, "use at least 16 (256 is typical)")
         _check(self.state_bins >= 2, "state_bins", self.state_bins, "use at least 2 (256 is openpi's)")
-        _check(self.state_encoding in STATE_ENCODINGS, "state_encoding", self.state_encoding,
-               f"use one of {', '.join(STATE_ENCODINGS)}")  # fmt: skip
+        _check(
+            self.state_encoding in STATE_ENCODINGS,
+            "state_encoding",
+            self.state_encoding,
+            f"use one of {', '.join(STATE_ENCODINGS)}",
+        )
         _check(self.attention in ATTENTIONS, "attention", self.attention, f"use one of {', '.join(ATTENTIONS)}")
         _check(self.decoding in DECODINGS, "decoding", self.decoding, f"use one of {', '.join(DECODINGS)}")
         if isinstance(self.relative_actions, str):
-            _check(self.relative_actions in RELATIVE_CHOICES, "relative_actions", self.relative_actions,
-                   "use 'none', 'auto' (all but grippers) or a mask per action dimension, e.g. [true, true, false]")
+            _check(
+                self.relative_actions in RELATIVE_CHOICES,
+                "relative_actions",
+                self.relative_actions,
+                "use 'none', 'auto' (all but grippers) or a mask per action dimension, e.g. [true, true, false]",
+            )
         else:
             self.relative_actions = [bool(m) for m in self.relative_actions]
-            _check(self.action_dim is None or len(self.relative_actions) == self.action_dim, "relative_actions",
-                   self.relative_actions, f"give one entry per action dimension ({self.action_dim})")
+            _check(
+                self.action_dim is None or len(self.relative_actions) == self.action_dim,
+                "relative_actions",
+                self.relative_actions,
+                f"give one entry per action dimension ({self.action_dim})",
+            )
         if self.state_dim == 0:  # relative actions are relative to the state
             mask = self.relative_actions
             relative = mask == "auto" or isinstance(mask, list) and any(mask)
-            _check(not relative, "relative_actions", self.relative_actions,
-                   "actions can be relative to the state only, and state_dim = 0 (no state): use 'none'")  # fmt: skip
+            _check(
+                not relative,
+                "relative_actions",
+                self.relative_actions,
+                "actions can be relative to the state only, and state_dim = 0 (no state): use 'none'",
+            )
         if self.action_state_dims is not None:
-            _check(self.action_dim is None or len(self.action_state_dims) == self.action_dim, "action_state_dims",
-                   self.action_state_dims, f"give one state dimension per action dimension ({self.action_dim})")
-            _check(self.state_dim is None or all(0 <= i < self.state_dim for i in self.action_state_dims),
-                   "action_state_dims", self.action_state_dims, f"use state dimensions in [0, {self.state_dim})")
+            _check(
+                self.action_dim is None or len(self.action_state_dims) == self.action_dim,
+                "action_state_dims",
+                self.action_state_dims,
+                f"give one state dimension per action dimension ({self.action_dim})",
+            )
+            _check(
+                self.state_dim is None or all(0 <= i < self.state_dim for i in self.action_state_dims),
+                "action_state_dims",
+                self.action_state_dims,
+                f"use state dimensions in [0, {self.state_dim})",
+            )
         _check(self.state_tokens >= 1, "state_tokens", self.state_tokens, "use a positive number (1 is typical)")
         _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")
@@ -246,8 +320,12 @@ class VLAConfig(PreTrainedConfig):
         try:
             parse_choice(self.action_tokenizer_type)
         except ValueError as err:
-            _check(False, "action_tokenizer_type", self.action_tokenizer_type,
-                   f"{err}; write name[:option=value,...], e.g. 'bin:n_bins=128'")  # fmt: skip
+            _check(
+                False,
+                "action_tokenizer_type",
+                self.action_tokenizer_type,
+                f"{err}; write name[:option=value,...], e.g. 'bin:n_bins=128'",
+            )
         for name in ("action_norm_mode", "state_norm_mode"):
             mode = getattr(self, name)
             _check(mode in NORM_MODES, name, mode, f"use one of {', '.join(NORM_MODES)}")
@@ -255,38 +333,55 @@ class VLAConfig(PreTrainedConfig):
 
     def check_num_beams(self, num_beams: Any) -> None:
         """Raise unless ``num_beams`` suits this policy (a positive integer; > 1 only for greedy autoregressive)."""
-        _check(isinstance(num_beams, int) and num_beams >= 1, "num_beams", num_beams,
-               "use 1 (greedy or sampling) or more hypotheses for beam search, e.g. 4")  # fmt: skip
-        _check(num_beams == 1 or self.temperature == 0 and self.decoding == "autoregressive", "num_beams", num_beams,
-               f"beam search keeps the most probable chunks, so it needs temperature 0 and decoding='autoregressive' "
-               f"(this policy: {self.temperature}, {self.decoding!r}); use num_beams=1")  # fmt: skip
+        _check(
+            isinstance(num_beams, int) and num_beams >= 1,
+            "num_beams",
+            num_beams,
+            "use 1 (greedy or sampling) or more hypotheses for beam search, e.g. 4",
+        )
+        _check(
+            num_beams == 1 or self.temperature == 0 and self.decoding == "autoregressive",
+            "num_beams",
+            num_beams,
+            f"beam search keeps the most probable chunks, so it needs temperature 0 and decoding='autoregressive' "
+            f"(this policy: {self.temperature}, {self.decoding!r}); use num_beams=1",
+        )
 
     def relative_mask(self) -> tuple[bool, ...] | None:
         """The resolved mask of relative dimensions, or None when every dimension is absolute."""
-        if self.relative_actions == "none" or (isinstance(self.relative_actions, list) and not any(self.relative_actions)):
+        if self.relative_actions == "none" or (
+            isinstance(self.relative_actions, list) and not any(self.relative_actions)
+        ):
             return None
         if self.relative_actions == "auto":
-            raise ValueError("VLAConfig.relative_actions = 'auto' is resolved from the dataset's action names when "
-                             "training starts; give the mask itself here, e.g. [true, true, false]")  # fmt: skip
+            raise ValueError(
+                "VLAConfig.relative_actions = 'auto' is resolved from the dataset's action names when "
+                "training starts; give the mask itself here, e.g. [true, true, false]"
+            )
         if self.action_state_dims is None:
-            raise ValueError("relative actions need VLAConfig.action_state_dims: the state dimension of each action "
-                             "dimension (the dataset's names or dims did not match; e.g. [0, 1, 2, 4, 5, 6])")  # fmt: skip
+            raise ValueError(
+                "relative actions need VLAConfig.action_state_dims: the state dimension of each action "
+                "dimension (the dataset's names or dims did not match; e.g. [0, 1, 2, 4, 5, 6])"
+            )
         return tuple(self.relative_actions)
 
     # --- what LeRobot asks of a policy config ---------------------------------------------------------------
     def unresolved(self) -> list[str]:
         """The settings left to be chosen from a dataset (None or "auto"); `vla train` fixes them (vla.data.defaults)."""
         names = ("time_horizon", "n_action_steps", "n_obs_steps", "image_keys", "scheduler_decay_steps")
-        return [n for n in names if getattr(self, n) is None] + \
-            [n for n in ("vision_encoder", "relative_actions") if getattr(self, n) == AUTO]  # fmt: skip
+        return [n for n in names if getattr(self, n) is None] + [
+            n for n in ("vision_encoder", "relative_actions") if getattr(self, n) == AUTO
+        ]
 
     def check_resolved(self, *names: str) -> None:
         """Raise unless the settings ``names`` (all when none) are fixed: LeRobot's trainer does not choose them."""
         left = [n for n in self.unresolved() if not names or n in names]
         if left:
-            raise ValueError(f"VLAConfig.{left[0]} = {getattr(self, left[0])!r} is chosen from the dataset when "
-                             "`vla train` starts; give a value here (e.g. --policy.time_horizon=10 "
-                             "--policy.n_action_steps=5 --policy.n_obs_steps=1)")  # fmt: skip
+            raise ValueError(
+                f"VLAConfig.{left[0]} = {getattr(self, left[0])!r} is chosen from the dataset when "
+                "`vla train` starts; give a value here (e.g. --policy.time_horizon=10 "
+                "--policy.n_action_steps=5 --policy.n_obs_steps=1)"
+            )
 
     @property
     def observation_delta_indices(self) -> list[int] | None:
@@ -332,8 +427,10 @@ class VLAConfig(PreTrainedConfig):
             if key in self.input_features:
                 continue
             if visual:  # the data names its cameras: an unknown one is a typo, not a new camera
-                raise ValueError(f"image_keys has {key!r}, which the data lacks{suggestion(key, visual)} "
-                                 f"(cameras: {', '.join(visual)})")  # fmt: skip
+                raise ValueError(
+                    f"image_keys has {key!r}, which the data lacks{suggestion(key, visual)} "
+                    f"(cameras: {', '.join(visual)})"
+                )
             size = self.image_size or PRESETS[self.preset].image_size
             self.input_features[key] = PolicyFeature(FeatureType.VISUAL, (3, size, size))
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
-
 import action_tokenizers as at
+import numpy as np
 from lerobot.utils.constants import OBS_STATE
 
 from vla.config import TrainConfig, resolve_action_state
@@ -36,14 +35,17 @@ def build_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: lis
         raise ValueError(f"VLAConfig.fps = {given:g} but {info.root} is {info.fps:g} fps; leave fps unset (recorded)")
     stateless = cfg.policy.state_dim == 0 or info.state_dim is None  # an image-only policy
     # The compact vocabulary gives the prompt's words one id each (PaliGemma's own tokenizer already does).
-    config = resolve_action_state(dataclasses.replace(
-        cfg.policy,
-        text_words=[] if cfg.policy.backbone_path else prompt_words(info.tasks),
-        action_dim=info.action_dim,
-        state_dim=0 if stateless else info.state_dim,
-        fps=float(info.fps),
-        init_seed=cfg.seed if cfg.policy.init_seed is None else cfg.policy.init_seed,
-    ), info)  # fmt: skip
+    config = resolve_action_state(
+        dataclasses.replace(
+            cfg.policy,
+            text_words=[] if cfg.policy.backbone_path else prompt_words(info.tasks),
+            action_dim=info.action_dim,
+            state_dim=0 if stateless else info.state_dim,
+            fps=float(info.fps),
+            init_seed=cfg.seed if cfg.policy.init_seed is None else cfg.policy.init_seed,
+        ),
+        info,
+    )
     # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see vla.data.stats.load_stats).
     stats = frame_stats(info, ["action"] if stateless else ["action", OBS_STATE], episodes=train_episodes)
     chunks = predicted_chunks(info, config, train_episodes)
@@ -57,9 +59,11 @@ def build_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: lis
     pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None
     if pretrained is not None and (pretrained / NORMALIZER_FILE).is_file():  # `vla tokenizer fit`: its own normaliser
         if mask is not None:
-            raise ValueError(f"{pretrained} holds a tokenizer fitted on absolute actions, but the policy predicts "
-                             "relative ones; train without --tokenizer.pretrained_path (the tokenizer is then fitted "
-                             "on the relative chunks) or with --policy.relative_actions=none")  # fmt: skip
+            raise ValueError(
+                f"{pretrained} holds a tokenizer fitted on absolute actions, but the policy predicts "
+                "relative ones; train without --tokenizer.pretrained_path (the tokenizer is then fitted "
+                "on the relative chunks) or with --policy.relative_actions=none"
+            )
         action_norm = at.Normalizer.load(pretrained / NORMALIZER_FILE)
     tokenizer = cfg.tokenizer.build(action_norm.normalize(chunks))
     return VLAPolicy(config, action_tokenizer=tokenizer, action_normalizer=action_norm, state_normalizer=state_norm)
@@ -74,8 +78,10 @@ def finetune_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: 
     policy = VLAPolicy.from_pretrained(path, config=cfg.policy)
     chunks = predicted_chunks(info, policy.config, train_episodes)  # what its normaliser saw
     outside = float(np.mean(np.abs(policy.action_normalizer.normalize(chunks)) > 1))
-    print(f"fine-tuning {path}: its weights, {policy.action_tokenizer.name} tokenizer and normalisers kept; "
-          f"{outside:.1%} of the new training actions fall outside [-1, 1] once normalised")  # fmt: skip
+    print(
+        f"fine-tuning {path}: its weights, {policy.action_tokenizer.name} tokenizer and normalisers kept; "
+        f"{outside:.1%} of the new training actions fall outside [-1, 1] once normalised"
+    )
     if policy.config.fps is None:  # saved before policies recorded it: the rate it is trained on from now on
         print(f"{path} does not record the fps of its training data; it now records this data's, {info.fps:g} fps")
         policy.config.fps = float(info.fps)
@@ -88,13 +94,17 @@ def check_finetuning(cfg: TrainConfig, info: reader.DatasetInfo) -> None:
     path = Path(cfg.policy.pretrained_path)
     if not (path / CONFIG_FILE).is_file():
         inside = " (the run's policy is in its policy/ folder)" if (path / "policy" / CONFIG_FILE).is_file() else ""
-        raise ValueError(f"--policy.path {path} is not a saved policy (no {CONFIG_FILE}){inside}; pass a policy "
-                         "folder, e.g. outputs/train/NAME/policy")  # fmt: skip
+        raise ValueError(
+            f"--policy.path {path} is not a saved policy (no {CONFIG_FILE}){inside}; pass a policy "
+            "folder, e.g. outputs/train/NAME/policy"
+        )
     saved = load_policy_config(path)
     try:
         check_same_policy(saved, cfg.policy, path)
     except ValueError as err:
-        raise ValueError(f"{err}. (--policy.path=DIR on the command line starts from the folder's own config)") from None
+        raise ValueError(
+            f"{err}. (--policy.path=DIR on the command line starts from the folder's own config)"
+        ) from None
     check_dataset_fits(cfg.policy, info.features, path, info.root, fps=info.fps)  # its settings are saved's (above)
 
 

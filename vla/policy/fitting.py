@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-import action_tokenizers as at
 from vla.data import columns, reader
 from vla.model.text import prompt_words
 from vla.policy.configuration_vla import VLAConfig
@@ -31,9 +31,7 @@ def predicted_chunks(info: reader.DatasetInfo, config: VLAConfig, episodes: list
     return chunks
 
 
-def policy_tokenizer(
-    config: VLAConfig, root: Path | None, action_normalizer: at.Normalizer
-) -> at.ActionTokenizer:
+def policy_tokenizer(config: VLAConfig, root: Path | None, action_normalizer: at.Normalizer) -> at.ActionTokenizer:
     """The tokenizer at ``config.action_tokenizer_path``; else, when LeRobot's trainer passes the dataset (``root``),
     one of ``config.action_tokenizer_type`` fitted on its episodes' normalised chunks as ``vla train`` fits it (vla's
     default options), with the prompt's words from the dataset's tasks in the compact vocabulary, as ``vla train``
@@ -50,6 +48,10 @@ def policy_tokenizer(
     if not config.text_words and config.backbone_path is None:
         config.text_words = prompt_words(info.tasks)
     chunks = predicted_chunks(info, config, None)  # every episode: LeRobot's trainer trains on them all
-    logger.info("fitting a %s action tokenizer on %d chunks of %s (no action_tokenizer_path given)",
-                config.action_tokenizer_type, len(chunks), root)  # fmt: skip
+    logger.info(
+        "fitting a %s action tokenizer on %d chunks of %s (no action_tokenizer_path given)",
+        config.action_tokenizer_type,
+        len(chunks),
+        root,
+    )
     return parse_choice(config.action_tokenizer_type).fit(action_normalizer.normalize(chunks))

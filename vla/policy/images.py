@@ -66,11 +66,15 @@ def camera_image(image: Any, key: str, b: int, size: int | None) -> torch.Tensor
             raise ValueError(f"batch['{key}'] holds NaN or inf; check the camera")
         lo, hi = float(img.min()), float(img.max())
         if lo < -PIXEL_SLACK or hi > 1.0 + PIXEL_SLACK:
-            raise ValueError(f"batch['{key}'] is a float image with values in [{lo:g}, {hi:g}]; float images must lie "
-                             "in [0, 1]: pass uint8 0..255, or divide 0..255 floats by 255")
+            raise ValueError(
+                f"batch['{key}'] is a float image with values in [{lo:g}, {hi:g}]; float images must lie "
+                "in [0, 1]: pass uint8 0..255, or divide 0..255 floats by 255"
+            )
     else:
-        raise ValueError(f"batch['{key}'] is {str(img.dtype).removeprefix('torch.')}; cameras are uint8 in 0..255 or "
-                         "float in [0, 1] (a 16-bit image: (image >> 8) as uint8)")
+        raise ValueError(
+            f"batch['{key}'] is {str(img.dtype).removeprefix('torch.')}; cameras are uint8 in 0..255 or "
+            "float in [0, 1] (a 16-bit image: (image >> 8) as uint8)"
+        )
     if size is not None and img.shape[-2:] != (size, size):
         img = F.interpolate(img, size=(size, size), mode="bilinear", antialias=True)
     return img

@@ -34,28 +34,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import action_tokenizers as at
 import numpy as np
 import torch
+from action_tokenizers.io import check_tensor_kinds
 from lerobot.policies.pretrained import PreTrainedPolicy
 from lerobot.utils.constants import ACTION, OBS_STATE
 from safetensors.torch import load_model, save_model
 
-import action_tokenizers as at
-from action_tokenizers.io import check_tensor_kinds
-from vla.model.decode import generate
-from vla.policy.decode_info import DecodeInfo, DecodeStats
-from vla.policy.fitting import policy_tokenizer
-from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
 from vla.execution import StateHistory, executor
 from vla.io import atomic_directory, read_json, write_json
+from vla.model.decode import generate
 from vla.model.prefix_lm import build_model
-from vla.policy.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
-from vla.policy.configuration_vla import VLAConfig
-from vla.policy.saved_config import check_dataset_fits, check_same_policy, load_policy_config
-from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
 from vla.model.sequence import SequenceLayout
-from vla.model.vocab import PALIGEMMA_TEXT_VOCAB, VocabMap
 from vla.model.text import TEXT_TOKENIZER_DIR, LocalTextTokenizer
+from vla.model.vocab import PALIGEMMA_TEXT_VOCAB, VocabMap
+from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
+from vla.policy.configuration_vla import VLAConfig
+from vla.policy.decode_info import DecodeInfo, DecodeStats
+from vla.policy.fitting import policy_tokenizer
+from vla.policy.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
+from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
+from vla.policy.saved_config import check_dataset_fits, check_same_policy, load_policy_config
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +109,10 @@ class VLAPolicy(PreTrainedPolicy):
         self._resolve_dims()
         scale = config.state_delta_scale
         if scale is not None and len(scale) != config.state_dim:
-            raise ValueError(f"VLAConfig.state_delta_scale has {len(scale)} values for a {config.state_dim}-D state; "
-                             "give one per state dim or None (vla train fits it)")  # fmt: skip
+            raise ValueError(
+                f"VLAConfig.state_delta_scale has {len(scale)} values for a {config.state_dim}-D state; "
+                "give one per state dim or None (vla train fits it)"
+            )
         config.validate_features()
         t, d = config.time_horizon, config.action_dim
         constraint = self.action_tokenizer.constraint(time_horizon=t, action_dim=d)
@@ -169,12 +171,21 @@ class VLAPolicy(PreTrainedPolicy):
             )
         # The data flow, both directions, built once from the parts above (vla.policy.pipeline).
         self.pipeline = Pipeline.build(
-            tokenizer=self.action_tokenizer, state_normalizer=self.state_normalizer,
-            action_normalizer=self.action_normalizer, layout=self.layout, state_dim=config.state_dim,
-            time_horizon=t, action_dim=d, image_keys=config.image_keys, image_size=self.model.image_size,
-            image_shift=config.image_shift, relative_actions=config.relative_mask(), action_state_dims=config.action_state_dims,
-            obs_steps=config.n_obs_steps, state_delta_scale=config.state_delta_scale,
-        )  # fmt: skip
+            tokenizer=self.action_tokenizer,
+            state_normalizer=self.state_normalizer,
+            action_normalizer=self.action_normalizer,
+            layout=self.layout,
+            state_dim=config.state_dim,
+            time_horizon=t,
+            action_dim=d,
+            image_keys=config.image_keys,
+            image_size=self.model.image_size,
+            image_shift=config.image_shift,
+            relative_actions=config.relative_mask(),
+            action_state_dims=config.action_state_dims,
+            obs_steps=config.n_obs_steps,
+            state_delta_scale=config.state_delta_scale,
+        )
         self.decode_stats = DecodeStats()
         self.last_decode_info: DecodeInfo | None = None
         self.reset()  # the executor (chunks -> one action per call) and the state history of select_action
@@ -198,8 +209,11 @@ class VLAPolicy(PreTrainedPolicy):
     def _resolve_dims(self) -> None:
         """Fill action_dim / state_dim from whatever knows them, and check everything agrees."""
         c, tok = self.config, self.action_tokenizer
-        d_sources = {"config": c.action_dim, "action tokenizer": tok.action_dim,
-                     "action normaliser": self.action_normalizer.dim}  # fmt: skip
+        d_sources = {
+            "config": c.action_dim,
+            "action tokenizer": tok.action_dim,
+            "action normaliser": self.action_normalizer.dim,
+        }
         s_sources = {"config": c.state_dim, "state normaliser": getattr(self.state_normalizer, "dim", None)}
         for name, sources in (("action_dim", d_sources), ("state_dim", s_sources)):
             known = {k: int(v) for k, v in sources.items() if v is not None}
@@ -259,8 +273,10 @@ class VLAPolicy(PreTrainedPolicy):
             generator=generator,
         )
         raw_state = {OBS_STATE: batch[OBS_STATE]} if OBS_STATE in batch else {}  # for relative actions
-        out = run(self.pipeline.outputs, {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors,
-                                          **raw_state, NORMALIZED: normalized})  # fmt: skip
+        out = run(
+            self.pipeline.outputs,
+            {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors, **raw_state, NORMALIZED: normalized},
+        )
         with np.errstate(over="ignore", invalid="ignore"):
             raw = np.asarray(out[ACTION], dtype=np.float32)  # [B, T, D] raw; beyond float32's range: inf
         finite = np.isfinite(raw).all(axis=(1, 2))
@@ -273,9 +289,12 @@ class VLAPolicy(PreTrainedPolicy):
         self.decode_stats.chunks += len(chunks)
         self.decode_stats.tokens += int(gen.tokens_per_chunk[out["valid"]].sum())
         self.last_decode_info = DecodeInfo(
-            valid=out["valid"], tokens_per_chunk=gen.tokens_per_chunk, errors=out["errors"],
-            latency_ms=(time.perf_counter() - start) * 1000, steps=gen.steps,
-        )  # fmt: skip
+            valid=out["valid"],
+            tokens_per_chunk=gen.tokens_per_chunk,
+            errors=out["errors"],
+            latency_ms=(time.perf_counter() - start) * 1000,
+            steps=gen.steps,
+        )
         tensors = (batch.get(k) for k in (OBS_STATE, *self.config.image_keys))  # where the batch lives
         like = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
         return chunks.to(like.device) if like is not None else chunks
@@ -299,8 +318,11 @@ class VLAPolicy(PreTrainedPolicy):
         self.decode_stats.invalid += len(bad)
         logger.warning(
             "%d of %d chunks did not decode (first: %s); fell back to the previous/zero action. decode_stats: %s",
-            len(bad), len(chunks), errors[bad[0]], self.decode_stats.as_dict(),
-        )  # fmt: skip
+            len(bad),
+            len(chunks),
+            errors[bad[0]],
+            self.decode_stats.as_dict(),
+        )
 
     @torch.no_grad()
     def select_action(self, batch: dict[str, Any], **kwargs: Any) -> torch.Tensor:
@@ -323,8 +345,10 @@ class VLAPolicy(PreTrainedPolicy):
         state = state[None] if state.ndim == 1 else state
         frames = self._history.frames
         if frames and frames[-1].shape != state.shape:
-            raise ValueError(f"batch['{OBS_STATE}'] changed shape within an episode ({tuple(frames[-1].shape)} "
-                             f"-> {tuple(state.shape)}); call policy.reset() when a new episode starts")  # fmt: skip
+            raise ValueError(
+                f"batch['{OBS_STATE}'] changed shape within an episode ({tuple(frames[-1].shape)} "
+                f"-> {tuple(state.shape)}); call policy.reset() when a new episode starts"
+            )
         return {**batch, OBS_STATE: torch.stack(self._history.push(state), dim=1)}
 
     # --- files --------------------------------------------------------------------------------------------
@@ -405,16 +429,20 @@ class VLAPolicy(PreTrainedPolicy):
         except Exception as err:  # safetensors' own errors name neither the file nor the fix
             if isinstance(err, ValueError) and str(weights) in str(err):  # check_tensor_kinds' own line
                 raise
-            raise ValueError(f"{path / WEIGHTS_FILE} cannot be read ({str(err).splitlines()[0][:200]}); the file is "
-                             "truncated or not a policy's weights (copy or save the policy again), or the config given "
-                             "differs from the saved one in its shapes (preset, vision_encoder, cameras, state, "
-                             "n_obs_steps)") from None  # fmt: skip
+            raise ValueError(
+                f"{path / WEIGHTS_FILE} cannot be read ({str(err).splitlines()[0][:200]}); the file is "
+                "truncated or not a policy's weights (copy or save the policy again), or the config given "
+                "differs from the saved one in its shapes (preset, vision_encoder, cameras, state, "
+                "n_obs_steps)"
+            ) from None
         if missing or unexpected:
             logger.warning("loading %s: missing keys %s, unexpected keys %s", path, missing, unexpected)
         bad = [name for name, t in policy.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
         if bad:
-            raise ValueError(f"{path / WEIGHTS_FILE} holds NaN or inf in {len(bad)} tensors (first: {bad[0]}): the run "
-                             "that saved it diverged. Use an earlier checkpoint or train again")  # fmt: skip
+            raise ValueError(
+                f"{path / WEIGHTS_FILE} holds NaN or inf in {len(bad)} tensors (first: {bad[0]}): the run "
+                "that saved it diverged. Use an earlier checkpoint or train again"
+            )
         policy.to(config.device)
         policy.eval()
         return policy

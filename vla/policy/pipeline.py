@@ -32,15 +32,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import action_tokenizers as at
 import numpy as np
 import torch
-
-import action_tokenizers as at
 from lerobot.utils.constants import ACTION, OBS_STATE
 
+from vla.model.sequence import SequenceLayout
 from vla.policy.checks import CheckBatch, _numpy
 from vla.policy.images import IMAGES, ShiftImages, StackImages
-from vla.model.sequence import SequenceLayout
 
 Batch = dict[str, Any]
 ACTION_IDS, SEQUENCE = "action_ids", "sequence"
@@ -113,7 +112,10 @@ class TokenizeActions:
             fresh = dict(zip(new, encoded))
         else:
             fresh = {}
-        return {**batch, ACTION_IDS: [list(fresh[i]) if i in fresh else list(self._cache[k]) for i, k in enumerate(keys)]}
+        return {
+            **batch,
+            ACTION_IDS: [list(fresh[i]) if i in fresh else list(self._cache[k]) for i, k in enumerate(keys)],
+        }
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,10 @@ class BuildSequence:
     layout: SequenceLayout
 
     def __call__(self, batch: Batch) -> Batch:
-        return {**batch, SEQUENCE: self.layout.build_training_sequence(batch["task"], batch[OBS_STATE], batch[ACTION_IDS])}
+        return {
+            **batch,
+            SEQUENCE: self.layout.build_training_sequence(batch["task"], batch[OBS_STATE], batch[ACTION_IDS]),
+        }
 
 
 @dataclass(frozen=True)
@@ -207,12 +212,16 @@ class AbsoluteActions:
 def _state_offset(batch: Batch, mask: tuple[bool, ...], action_state_dims: tuple[int, ...]) -> np.ndarray:
     """float [B, 1, D]: the raw state's value of each masked action dimension, 0 elsewhere."""
     if batch.get(NORMALIZED):  # state and actions in normalised units: a difference of them means nothing
-        raise ValueError("relative actions work in raw units, but LeRobot's processor normalised this batch; train "
-                         "and run policies with relative actions through `vla train` and the policy's own pipeline, "
-                         "or set relative_actions='none'")  # fmt: skip
+        raise ValueError(
+            "relative actions work in raw units, but LeRobot's processor normalised this batch; train "
+            "and run policies with relative actions through `vla train` and the policy's own pipeline, "
+            "or set relative_actions='none'"
+        )
     if OBS_STATE not in batch:
-        raise ValueError(f"relative actions need the raw batch['{OBS_STATE}'] to add the state back; pass the "
-                         "observation's state with the generated ids")  # fmt: skip
+        raise ValueError(
+            f"relative actions need the raw batch['{OBS_STATE}'] to add the state back; pass the "
+            "observation's state with the generated ids"
+        )
     state = np.asarray(_numpy(batch, OBS_STATE), dtype=np.float64)
     state = current_state(state[None] if state.ndim == 1 else state)  # [B, S]
     offset = state[:, list(action_state_dims)] * np.asarray(mask, dtype=np.float64)  # [B, D]
@@ -258,17 +267,32 @@ class Pipeline:
         dimensions relative to the state's ``action_state_dims``, and the action normaliser must be fitted on them."""
         shapes = (state_dim, tuple(image_keys), time_horizon, action_dim)
         normalize = Normalize(state_normalizer, action_normalizer)
-        history = (EncodeHistory(None if state_delta_scale is None else tuple(state_delta_scale)),) if obs_steps > 1 else ()
+        history = (
+            (EncodeHistory(None if state_delta_scale is None else tuple(state_delta_scale)),) if obs_steps > 1 else ()
+        )
         images = StackImages(tuple(image_keys), image_size)
         relative = absolute = ()
         if relative_actions is not None and any(relative_actions):
             parts = (tuple(bool(m) for m in relative_actions), tuple(int(i) for i in action_state_dims))
             relative, absolute = (RelativeActions(*parts),), (AbsoluteActions(*parts),)
         return cls(
-            training=(CheckBatch(*shapes, actions=True, obs_steps=obs_steps), *relative, normalize, *history, images,
-                      ShiftImages(image_shift), TokenizeActions(tokenizer), BuildSequence(layout)),
-            prompt=(CheckBatch(*shapes, actions=False, obs_steps=obs_steps), normalize, *history, images,
-                    BuildPrompt(layout)),
+            training=(
+                CheckBatch(*shapes, actions=True, obs_steps=obs_steps),
+                *relative,
+                normalize,
+                *history,
+                images,
+                ShiftImages(image_shift),
+                TokenizeActions(tokenizer),
+                BuildSequence(layout),
+            ),
+            prompt=(
+                CheckBatch(*shapes, actions=False, obs_steps=obs_steps),
+                normalize,
+                *history,
+                images,
+                BuildPrompt(layout),
+            ),
             outputs=(DetokenizeActions(tokenizer, time_horizon, action_dim), Unnormalize(action_normalizer), *absolute),
         )
 
@@ -298,7 +322,10 @@ class Collate:
 
 def packed(batch: Batch) -> Batch:
     """A batch after the training steps -> what the model reads (``sequence``, ``images``) and a few numbers to log."""
-    out = {SEQUENCE: batch[SEQUENCE], "tokens_per_chunk": torch.tensor([len(r) for r in batch[ACTION_IDS]]).float().mean()}
+    out = {
+        SEQUENCE: batch[SEQUENCE],
+        "tokens_per_chunk": torch.tensor([len(r) for r in batch[ACTION_IDS]]).float().mean(),
+    }
     if IMAGES in batch:
         out[IMAGES] = batch[IMAGES]
     if "action_is_pad" in batch:

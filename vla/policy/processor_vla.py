@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import action_tokenizers as at
 import numpy as np
 import torch
 from lerobot.configs import NormalizationMode
 from lerobot.processor import ProcessorStep, ProcessorStepRegistry, TransitionKey
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-import action_tokenizers as at
 from vla.io import read_json
 from vla.policy.pipeline import NORMALIZED
 
@@ -47,8 +47,15 @@ PROCESSOR_FILES = ("policy_preprocessor.json", "policy_postprocessor.json")
 NORMALIZER_STEP, UNNORMALIZER_STEP = "vla_normalizer_processor", "vla_unnormalizer_processor"
 # The steps make_vla_pre_post_processors writes. LeRobot's DataProcessorPipeline.from_pretrained imports and calls any
 # class a processor file names, so a folder whose files name anything else is refused before LeRobot reads it.
-KNOWN_STEPS = ("rename_observations_processor", "to_batch_processor", NORMALIZER_STEP, "device_processor",
-               UNNORMALIZER_STEP, "normalizer_processor", "unnormalizer_processor")  # fmt: skip
+KNOWN_STEPS = (
+    "rename_observations_processor",
+    "to_batch_processor",
+    NORMALIZER_STEP,
+    "device_processor",
+    UNNORMALIZER_STEP,
+    "normalizer_processor",
+    "unnormalizer_processor",
+)
 LEROBOT_NORMALIZERS = ("normalizer_processor", "unnormalizer_processor")  # accepted only as identity (above)
 STEP_KEYS = {"registry_name", "config", "state_file"}  # what LeRobot writes for a registered step
 
@@ -150,8 +157,10 @@ def check_processor_files(folder: str | Path) -> None:
                 )
             extra = sorted(set(step) - STEP_KEYS)
             if extra:
-                raise ValueError(f"{where} carries {', '.join(map(repr, extra))}, which a VLA policy never writes "
-                                 f"(a step holds {', '.join(sorted(STEP_KEYS))}); save the policy again with vla")  # fmt: skip
+                raise ValueError(
+                    f"{where} carries {', '.join(map(repr, extra))}, which a VLA policy never writes "
+                    f"(a step holds {', '.join(sorted(STEP_KEYS))}); save the policy again with vla"
+                )
             norm_map = (step.get("config") or {}).get("norm_map") if isinstance(step.get("config"), dict) else None
             if registry in LEROBOT_NORMALIZERS and not (
                 isinstance(norm_map, dict) and norm_map and all(v == "IDENTITY" for v in norm_map.values())
@@ -159,7 +168,7 @@ def check_processor_files(folder: str | Path) -> None:
                 raise ValueError(
                     f"{where} is LeRobot's normaliser with norm_map {norm_map!r}; a VLA policy never writes it other "
                     "than as identity (its own vla_normalizer_processor normalises; LeRobot's would do it twice). "
-                    "Set every norm_map entry to \"IDENTITY\", or save the policy again with vla"
+                    'Set every norm_map entry to "IDENTITY", or save the policy again with vla'
                 )
         check_state_files(Path(folder), path, steps if isinstance(steps, list) else [steps])
 
@@ -224,16 +233,20 @@ def make_vla_pre_post_processors(
     if relative != "none" and (isinstance(relative, str) or any(relative)):
         normalizers = dataset_stats = None
     if normalizers is None and dataset_stats is not None:
-        normalizers = {OBS_STATE: normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode),
-                       ACTION: normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)}  # fmt: skip
+        normalizers = {
+            OBS_STATE: normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode),
+            ACTION: normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode),
+        }
     steps = make_default_policy_processor_steps(config, None)
     normalize = [VLANormalizerProcessorStep.of(normalizers)] if normalizers else []
     unnormalize = [VLAUnnormalizerProcessorStep.of({ACTION: normalizers[ACTION]})] if normalizers else []
     identity = {k: v for k, v in config.normalization_mapping.items() if v is not NormalizationMode.IDENTITY}
     if identity:  # LeRobot's steps (below) would normalise what ours already normalised
-        raise ValueError(f"VLAConfig.normalization_mapping maps {', '.join(identity)} to "
-                         f"{', '.join(v.value for v in identity.values())}; the policy normalises with its own "
-                         "normalisers (action_norm_mode, state_norm_mode): leave every entry IDENTITY")  # fmt: skip
+        raise ValueError(
+            f"VLAConfig.normalization_mapping maps {', '.join(identity)} to "
+            f"{', '.join(v.value for v in identity.values())}; the policy normalises with its own "
+            "normalisers (action_norm_mode, state_norm_mode): leave every entry IDENTITY"
+        )
     # LeRobot's normaliser steps, identity: lerobot-train --policy.path=DIR hands the new dataset's stats to them.
     return make_policy_processor_pipelines(
         input_steps=[steps.rename_observations, steps.add_batch_dim, steps.normalize, *normalize, steps.to_device],
@@ -258,6 +271,7 @@ def normalizer_from_stats(stats: dict[str, dict[str, Any]] | None, key: str, mod
                 "%s: dimensions %s vary (min < max) but their q01 == q99 in these stats, so quantile normalisation "
                 "hides them. LeRobot's stats.json averages per-episode quantiles; normalise with exact ones "
                 "(`vla data stats`, or vla.data.stats.frame_stats as `vla train` does) or use the mean_std mode.",
-                key, collapsed.tolist(),
-            )  # fmt: skip
+                key,
+                collapsed.tolist(),
+            )
     return at.Normalizer.from_stats(entry, mode)

@@ -25,13 +25,44 @@ CONFIG_FILE = "config.json"
 # and schedule, decoding and execution, augmentation, where and how the weights run. Every other field shaped the
 # weights, the token layout or the normalisers the folder holds, and must stay.
 LOAD_CHANGEABLE = {
-    "device", "use_amp", "use_peft", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path",
-    "pretrained_revision", "input_features", "output_features", "backbone_path", "attn_implementation", "dtype",
-    "init_seed", "n_action_steps", "temporal_ensemble", "image_shift", "max_prefix_len", "max_action_tokens",
-    "temperature", "top_p", "num_beams", "constrained", "use_kv_cache", "action_tokenizer_path",
-    "action_tokenizer_type", "optimizer_lr", "optimizer_betas", "optimizer_eps", "optimizer_weight_decay",
-    "optimizer_grad_clip_norm", "scheduler_warmup_steps", "scheduler_decay_steps", "scheduler_decay_lr", "fps",
-}  # fmt: skip
+    "device",
+    "use_amp",
+    "use_peft",
+    "push_to_hub",
+    "repo_id",
+    "private",
+    "tags",
+    "license",
+    "pretrained_path",
+    "pretrained_revision",
+    "input_features",
+    "output_features",
+    "backbone_path",
+    "attn_implementation",
+    "dtype",
+    "init_seed",
+    "n_action_steps",
+    "temporal_ensemble",
+    "image_shift",
+    "max_prefix_len",
+    "max_action_tokens",
+    "temperature",
+    "top_p",
+    "num_beams",
+    "constrained",
+    "use_kv_cache",
+    "action_tokenizer_path",
+    "action_tokenizer_type",
+    "optimizer_lr",
+    "optimizer_betas",
+    "optimizer_eps",
+    "optimizer_weight_decay",
+    "optimizer_grad_clip_norm",
+    "scheduler_warmup_steps",
+    "scheduler_decay_steps",
+    "scheduler_decay_lr",
+    "fps",
+}
 
 
 def load_policy_config(path: str | Path, overrides: list[str] | None = None) -> VLAConfig:
@@ -43,21 +74,27 @@ def load_policy_config(path: str | Path, overrides: list[str] | None = None) -> 
     raw = read_json(file, "VLA policy config")
     kind = raw.pop("type", None)
     if kind != "vla":
-        raise ValueError(f"{file} holds {'no policy type' if kind is None else f'a policy of type {kind!r}'}, not "
-                         "a VLA policy's config (\"type\": \"vla\"); pass a folder saved by vla (save_pretrained)")  # fmt: skip
+        raise ValueError(
+            f"{file} holds {'no policy type' if kind is None else f'a policy of type {kind!r}'}, not "
+            'a VLA policy\'s config ("type": "vla"); pass a folder saved by vla (save_pretrained)'
+        )
     fields = {f.name: f for f in dataclasses.fields(VLAConfig) if f.init}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ValueError(f"{file} has a field VLAConfig does not know: {unknown[0]!r}"
-                         f"{suggestion(unknown[0], fields)}; remove it (or save the policy again with this version "
-                         "of vla)")  # fmt: skip
+        raise ValueError(
+            f"{file} has a field VLAConfig does not know: {unknown[0]!r}"
+            f"{suggestion(unknown[0], fields)}; remove it (or save the policy again with this version "
+            "of vla)"
+        )
     hints = typing.get_type_hints(VLAConfig)
     for name, value in raw.items():
         if not _fits(hints[name], value):
             default = fields[name].default
             shown = "" if default is dataclasses.MISSING else f" (its default: {json.dumps(draccus.encode(default))})"
-            raise ValueError(f"{file}: {name} = {json.dumps(value)} is not {_kind(hints[name])}; set it to "
-                             f"{_kind(hints[name])}{shown}, or save the policy again")  # fmt: skip
+            raise ValueError(
+                f"{file}: {name} = {json.dumps(value)} is not {_kind(hints[name])}; set it to "
+                f"{_kind(hints[name])}{shown}, or save the policy again"
+            )
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / CONFIG_FILE
         copy.write_text(json.dumps(raw))
@@ -131,13 +168,18 @@ def _kind(hint: Any) -> str:
 
 def check_same_policy(saved: VLAConfig, config: VLAConfig, path: Path) -> None:
     """Refuse a config that differs from the folder's where the weights, tokens or normalisers depend on it."""
-    changed = [f.name for f in dataclasses.fields(VLAConfig)
-               if f.name not in LOAD_CHANGEABLE and getattr(saved, f.name) != getattr(config, f.name)]  # fmt: skip
+    changed = [
+        f.name
+        for f in dataclasses.fields(VLAConfig)
+        if f.name not in LOAD_CHANGEABLE and getattr(saved, f.name) != getattr(config, f.name)
+    ]
     if changed:
         detail = "; ".join(f"{n}: {getattr(saved, n)!r} -> {getattr(config, n)!r}" for n in changed[:4])
-        raise ValueError(f"the policy at {path} was trained with other settings than the config given ({detail}); "
-                         "its weights, tokenizer and normalisers depend on them: drop those options to use the "
-                         "folder's, or train a new policy (without --policy.path)")  # fmt: skip
+        raise ValueError(
+            f"the policy at {path} was trained with other settings than the config given ({detail}); "
+            "its weights, tokenizer and normalisers depend on them: drop those options to use the "
+            "folder's, or train a new policy (without --policy.path)"
+        )
 
 
 def check_dataset_fits(
@@ -146,6 +188,7 @@ def check_dataset_fits(
     """Refuse a dataset (LeRobot's ``features`` of its info.json, its ``fps``) whose actions, state or cameras are
     not the ones the policy at ``path`` reads and writes (training it there would fail at the first batch, or learn
     nonsense), or whose frame rate is not the one ``config.fps`` records (its chunks would span another time)."""
+
     def dim(key: str) -> int | None:
         shape = (features.get(key) or {}).get("shape")
         return int(shape[-1]) if shape else None
@@ -154,18 +197,23 @@ def check_dataset_fits(
     ours = {"actions": config.action_dim, "state": config.state_dim or None}  # state_dim 0: the policy reads none
     wrong = [k for k in ours if ours[k] is not None and theirs[k] != ours[k]]
     if wrong:
+
         def shown(dims: dict) -> str:
             return ", ".join(f"{'no' if dims[k] is None else f'{dims[k]}-D'} {k}" for k in wrong)
 
-        raise ValueError(f"the policy at {path} reads and writes {shown(ours)}, but {dataset} has {shown(theirs)}; "
-                         "fine-tune it on data of the same robot (the same action and state dimensions), or train a "
-                         "new policy on this dataset instead of fine-tuning this one")  # fmt: skip
+        raise ValueError(
+            f"the policy at {path} reads and writes {shown(ours)}, but {dataset} has {shown(theirs)}; "
+            "fine-tune it on data of the same robot (the same action and state dimensions), or train a "
+            "new policy on this dataset instead of fine-tuning this one"
+        )
     missing = [k for k in config.image_keys if k not in features]
     if missing:
         cameras = [k for k in features if k.startswith("observation.image")]
-        raise ValueError(f"the policy at {path} reads the camera {missing[0]!r}, which {dataset} lacks"
-                         f"{suggestion(missing[0], cameras)} (its cameras: {', '.join(cameras) or 'none'}); "
-                         "fine-tune on data with the policy's cameras, or train a new policy")  # fmt: skip
+        raise ValueError(
+            f"the policy at {path} reads the camera {missing[0]!r}, which {dataset} lacks"
+            f"{suggestion(missing[0], cameras)} (its cameras: {', '.join(cameras) or 'none'}); "
+            "fine-tune on data with the policy's cameras, or train a new policy"
+        )
     if config.fps is not None and fps is not None and float(config.fps) != float(fps):
         t = config.time_horizon
         raise ValueError(
@@ -188,5 +236,7 @@ def check_policy_folder(path: Path) -> None:
     found = next((p for p in inner if (p / "config.json").is_file()), None)
     if found is not None:
         raise ValueError(f"{path} is a training run's folder, not a policy; did you mean --policy {found}?")
-    raise ValueError(f"{path} holds no saved policy (no config.json); pass the folder a training run wrote "
-                     "(outputs/train/NAME/policy)")
+    raise ValueError(
+        f"{path} holds no saved policy (no config.json); pass the folder a training run wrote "
+        "(outputs/train/NAME/policy)"
+    )

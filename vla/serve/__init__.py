@@ -20,8 +20,8 @@ The protocol, the state history of an ``n_obs_steps`` policy, the limits and the
 """
 
 from .client import PolicyClient, ServerError
-from .executor import ChunkExecutor, ExecutorStats, Rate, action_jerk
 from .codec import DecodeError, packb, unpackb
+from .executor import ChunkExecutor, ExecutorStats, Rate, action_jerk
 
 _SERVER_NAMES = ("PolicyServer", "ServeConfig", "ServerHandle")
 

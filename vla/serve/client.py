@@ -1,14 +1,14 @@
 """The robot side's client for the server (or any openpi policy server); ``vla.serve.executor`` runs its chunks.
 
-    client = PolicyClient("127.0.0.1", 8000, api_key=None)     # waits for the server; reconnects after restarts
-    executor = ChunkExecutor(client, control_hz=80, k=None)     # k=None: chosen from the measured round trip
-    rate = Rate(80)
+client = PolicyClient("127.0.0.1", 8000, api_key=None)     # waits for the server; reconnects after restarts
+executor = ChunkExecutor(client, control_hz=80, k=None)     # k=None: chosen from the measured round trip
+rate = Rate(80)
+obs = robot.observe()
+executor.reset()
+while running:
+    robot.apply(executor.act(obs))                          # never blocks once the first chunk is in
+    rate.sleep()
     obs = robot.observe()
-    executor.reset()
-    while running:
-        robot.apply(executor.act(obs))                          # never blocks once the first chunk is in
-        rate.sleep()
-        obs = robot.observe()
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
-
 
 from .codec import packb, unpackb
 
@@ -80,8 +79,12 @@ class PolicyClient:
     def _connect(self, wait_s: float) -> None:
         headers = {"Authorization": f"Api-Key {self.api_key}"} if self.api_key else None
         deadline, delay = time.monotonic() + wait_s, 0.05
-        options = dict(compression=None, max_size=self.max_message_bytes, additional_headers=headers,
-                       open_timeout=min(10.0, max(wait_s, 1.0)))  # fmt: skip
+        options = dict(
+            compression=None,
+            max_size=self.max_message_bytes,
+            additional_headers=headers,
+            open_timeout=min(10.0, max(wait_s, 1.0)),
+        )
         options.update(_CONNECT_EXTRAS)
         while True:
             try:
@@ -92,8 +95,9 @@ class PolicyClient:
             except InvalidStatus as err:
                 status = err.response.status_code
                 if status in (401, 403):
-                    raise PermissionError(f"{self.uri} refused the connection ({status}): pass the server's "
-                                          "api_key") from None  # fmt: skip
+                    raise PermissionError(
+                        f"{self.uri} refused the connection ({status}): pass the server's api_key"
+                    ) from None
                 body = (err.response.body or b"").decode("utf-8", "replace").strip()
                 last = f"it answered HTTP {status}" + (f": {body}" if body else "")  # 503: which limit, and the fix
             except (OSError, ConnectionClosed, TimeoutError) as err:
@@ -149,5 +153,3 @@ class PolicyClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-

@@ -69,18 +69,30 @@ def _bounded_unpackb(data: bytes, object_hook=None, ext_hook=None) -> Any:
 
     try:
         # strict_map_key=False: openpi's ndarray maps use bin keys. max_str/bin_len default to the message length.
-        return msgpack.unpackb(data, object_hook=on_map, list_hook=counted, ext_hook=ext_hook, strict_map_key=False,
-                               raw=False, use_list=True, max_map_len=MAX_KEYS, max_array_len=MAX_LIST_LEN)
+        return msgpack.unpackb(
+            data,
+            object_hook=on_map,
+            list_hook=counted,
+            ext_hook=ext_hook,
+            strict_map_key=False,
+            raw=False,
+            use_list=True,
+            max_map_len=MAX_KEYS,
+            max_array_len=MAX_LIST_LEN,
+        )
     except ValueError as err:
         limit = _LIMIT.match(str(err))
         if limit is None or isinstance(err, DecodeError):
             raise
         size, kind = int(limit.group(1)), limit.group(2)
         if kind == "map":
-            raise _TooLarge(f"the message holds a map of {size} keys; a map may hold at most {MAX_KEYS}: send an "
-                            "observation as one flat map of its state, cameras and prompt") from None
-        raise _TooLarge(f"the message holds a list of {size} values; a list may hold at most {MAX_LIST_LEN}: "
-                        f"{_AS_ARRAYS}") from None
+            raise _TooLarge(
+                f"the message holds a map of {size} keys; a map may hold at most {MAX_KEYS}: send an "
+                "observation as one flat map of its state, cameras and prompt"
+            ) from None
+        raise _TooLarge(
+            f"the message holds a list of {size} values; a list may hold at most {MAX_LIST_LEN}: {_AS_ARRAYS}"
+        ) from None
 
 
 def _pack_default(obj: Any) -> Any:
@@ -132,8 +144,9 @@ def _object_hook(m: dict) -> Any:
             raise DecodeError(f"an array's data must be bytes (msgpack bin), got {type(data).__name__}")
         expected = math.prod(shape) * dtype.itemsize
         if expected != len(data):
-            raise DecodeError(f"an array of shape {list(shape)} and dtype {dtype.str} needs {expected} bytes, "
-                              f"got {len(data)}")  # fmt: skip
+            raise DecodeError(
+                f"an array of shape {list(shape)} and dtype {dtype.str} needs {expected} bytes, got {len(data)}"
+            )
         return np.frombuffer(data, dtype=dtype).reshape(shape)  # read-only view of the message's bytes
     if _get(m, "__npgeneric__") is True:
         dtype = _dtype(_get(m, "dtype"))
@@ -207,11 +220,14 @@ def unpackb(data: bytes) -> Any:
     except DecodeError as err:
         raise DecodeError(_led_by_its_key(data, err)) from None
     except msgpack.StackError:  # msgpack's own nesting limit, far past ours
-        raise DecodeError(f"the message nests deeper than {MAX_DEPTH} levels; send a flat map of arrays and "
-                          "strings") from None
+        raise DecodeError(
+            f"the message nests deeper than {MAX_DEPTH} levels; send a flat map of arrays and strings"
+        ) from None
     except (msgpack.ExtraData, msgpack.FormatError, ValueError, TypeError) as err:
-        raise DecodeError(f"not a msgpack message ({describe_failure(err)}): received {describe_bytes(data)}; send "
-                          "an observation map packed with msgpack-numpy (openpi_client.msgpack_numpy.packb or "
-                          "vla.serve.packb)") from None  # fmt: skip
+        raise DecodeError(
+            f"not a msgpack message ({describe_failure(err)}): received {describe_bytes(data)}; send "
+            "an observation map packed with msgpack-numpy (openpi_client.msgpack_numpy.packb or "
+            "vla.serve.packb)"
+        ) from None
     _check_depth(obj)
     return obj

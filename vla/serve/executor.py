@@ -178,14 +178,18 @@ class ChunkExecutor:
         keys = (self.state_key,) if self.state_key else STATE_KEYS
         key = next((k for k in keys if k in obs), None)
         if key is None:
-            raise ValueError(f"the policy reads the last {self.n_obs_steps} states, but the observation has none of "
-                             f"{', '.join(keys)}: send the robot state every tick (or name its key: "
-                             "state_key=)")  # fmt: skip
+            raise ValueError(
+                f"the policy reads the last {self.n_obs_steps} states, but the observation has none of "
+                f"{', '.join(keys)}: send the robot state every tick (or name its key: "
+                "state_key=)"
+            )
         state = np.array(obs[key], dtype=np.float32).reshape(-1)  # a copy: robots reuse their buffers
         frames = self._history.frames
         if frames and frames[-1].shape != state.shape:
-            raise ValueError(f"the state changed size within an episode ({len(frames[-1])} -> {len(state)}); call "
-                             "executor.reset() when a new episode starts")  # fmt: skip
+            raise ValueError(
+                f"the state changed size within an episode ({len(frames[-1])} -> {len(state)}); call "
+                "executor.reset() when a new episode starts"
+            )
         return {**obs, key: np.stack(self._history.push(state))}
 
     def _k(self) -> int:

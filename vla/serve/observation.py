@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from vla.execution import StateHistory
-from vla.policy.images import camera_image
 from vla.policy.checks import checked_state
+from vla.policy.images import camera_image
 
 MAX_TASK_CHARS = 1000
 MAX_IMAGE_SIDE = 4096
@@ -69,8 +69,9 @@ def numeric(value: Any, key: str, what: str) -> np.ndarray:
 class ObservationReader:
     """A decoded message -> an ``Item`` for a policy with these keys and shapes; ``RequestError`` says what is wrong."""
 
-    def __init__(self, state_dim: int, image_keys: list[str], image_size: int | None, keys: dict[str, str],
-                 obs_steps: int = 1):  # fmt: skip
+    def __init__(
+        self, state_dim: int, image_keys: list[str], image_size: int | None, keys: dict[str, str], obs_steps: int = 1
+    ):
         self.state_dim = int(state_dim)
         self.obs_steps = int(obs_steps)  # the policy's n_obs_steps: > 1 accepts [S] (one state) or [n, S]
         self.image_keys = list(image_keys)
@@ -92,8 +93,10 @@ class ObservationReader:
         n, s = self.obs_steps, self.state_dim
         if n == 1:
             return f"float [{s}]"
-        return (f"float [{s}] (one state a message: the server keeps the connection's last {n}; send '{RESET_KEY}': "
-                f"true with an episode's first) or float [{n}, {s}] (the last {n} states, oldest first)")  # fmt: skip
+        return (
+            f"float [{s}] (one state a message: the server keeps the connection's last {n}; send '{RESET_KEY}': "
+            f"true with an episode's first) or float [{n}, {s}] (the last {n} states, oldest first)"
+        )
 
     def expected(self) -> dict[str, str]:
         """What the metadata tells clients to send."""
@@ -123,8 +126,10 @@ class ObservationReader:
             raise RequestError(f"request_id must be an int or a string, got {type(request_id).__name__}")
         reset = obs.get(RESET_KEY, False)
         if not isinstance(reset, (bool, np.bool_)):
-            raise RequestError(f"'{RESET_KEY}' must be true or false (true on an episode's first observation), got "
-                               f"a {type(reset).__name__}")  # fmt: skip
+            raise RequestError(
+                f"'{RESET_KEY}' must be true or false (true on an episode's first observation), got "
+                f"a {type(reset).__name__}"
+            )
         state = self._state(obs, sent.get("observation.state", "observation.state"))
         images = {k: self._image(obs, k) for k in self.image_keys}
         return Item(state, images, self._task(obs), request_id, reset=bool(reset))
@@ -134,8 +139,10 @@ class ObservationReader:
         if s == 0:  # an image-only policy: a state sent anyway is not read
             return None
         if "observation.state" not in obs:
-            raise RequestError(f"the observation lacks 'observation.state' (keys sent: {', '.join(sorted(obs))}); "
-                               f"send the robot state as {self._state_hint()}")  # fmt: skip
+            raise RequestError(
+                f"the observation lacks 'observation.state' (keys sent: {', '.join(sorted(obs))}); "
+                f"send the robot state as {self._state_hint()}"
+            )
         state = numeric(obs["observation.state"], sent, f"the robot state as {self._state_hint()}")
         if n > 1 and state.shape in ((n, s), (1, n, s)):
             try:  # the client's history [n, S] (or [1, n, S]): the policy pipeline's own check
@@ -154,8 +161,10 @@ class ObservationReader:
 
     def _image(self, obs: dict[str, Any], key: str) -> torch.Tensor:
         if key not in obs:
-            raise RequestError(f"the observation lacks camera {key!r} (keys sent: {', '.join(sorted(obs))}); "
-                               "send it as uint8 [H, W, 3]")  # fmt: skip
+            raise RequestError(
+                f"the observation lacks camera {key!r} (keys sent: {', '.join(sorted(obs))}); "
+                "send it as uint8 [H, W, 3]"
+            )
         image = obs[key]
         if isinstance(image, np.ndarray) and image.ndim == 4 and image.shape[0] == 1:
             image = image[0]  # a batch of one

@@ -55,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed-start", type=int, default=1_000_000, help="evaluation seeds")
     parser.add_argument("--max-steps", type=int, default=150)
     parser.add_argument("--mode", choices=("overlapped", "sync"), default="overlapped")
-    parser.add_argument("--k", type=int, default=None, help="ask for the next chunk with k actions left (default: "
-                        "from the measured round trip)")  # fmt: skip
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="ask for the next chunk with k actions left (default: from the measured round trip)",
+    )
     args = parser.parse_args(argv)
 
     from vla.sim.metaworld_env import MetaWorldEnv
@@ -77,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
         env.close()
     ticks = sum(r["length"] for r in results)
-    print(f"{args.task} at {env.fps} Hz, {args.mode}: success {np.mean([r['success'] for r in results]):.0%} over "
-          f"{len(results)} episodes, held {sum(r['held'] for r in results) / max(ticks, 1):.0%} of ticks, "
-          f"round trip p50 {executor.stats.as_dict()['round_trip_ms_p50']:.0f} ms", file=sys.stderr)  # fmt: skip
+    print(
+        f"{args.task} at {env.fps} Hz, {args.mode}: success {np.mean([r['success'] for r in results]):.0%} over "
+        f"{len(results)} episodes, held {sum(r['held'] for r in results) / max(ticks, 1):.0%} of ticks, "
+        f"round trip p50 {executor.stats.as_dict()['round_trip_ms_p50']:.0f} ms",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -124,7 +124,7 @@ class PolicyServer:
                 "reset_key": RESET_KEY,  # true on an episode's first observation: the server's history starts again
                 "reset_after_idle_s": self.config.history_reset_s,  # a longer gap between messages starts it too
                 "spacing": "one state a message: the frames are successive messages, as far apart as training's "
-                           "only when the robot sends every control step; else send [n, S] (ChunkExecutor does)",
+                "only when the robot sends every control step; else send [n, S] (ChunkExecutor does)",
             },
             "limits": {
                 "max_batch": self.config.max_batch,
@@ -186,9 +186,12 @@ class PolicyServer:
             if not finite[i]:  # never sent for execution, valid or not: the robot would act on NaN
                 self.stats.nonfinite += 1
                 logger.warning("the policy produced a chunk holding NaN or inf; answered with an error")
-                p.future.set_exception(RequestError(
-                    f"the policy produced {int((~np.isfinite(actions[i])).sum())} NaN or inf values in this chunk; "
-                    "none was sent: check the policy's saved normaliser statistics, or serve another checkpoint"))
+                p.future.set_exception(
+                    RequestError(
+                        f"the policy produced {int((~np.isfinite(actions[i])).sum())} NaN or inf values in this chunk; "
+                        "none was sent: check the policy's saved normaliser statistics, or serve another checkpoint"
+                    )
+                )
                 continue
             queue_ms = (start - p.queued_at) * 1000
             p.future.set_result(Result(actions[i], bool(valid[i]), int(tokens[i]), infer_ms, queue_ms, len(batch)))
@@ -239,12 +242,16 @@ class PolicyServer:
         """Why a connection from ``address`` cannot have a slot now (``joining``: it is counted already), or None."""
         c = self.config
         if self.stats.connections - joining >= c.max_clients:
-            return (f"the server holds its limit of {c.max_clients} clients (max_clients; silent ones are closed after "
-                    f"{c.idle_timeout_s:g} s); retry later")  # fmt: skip
+            return (
+                f"the server holds its limit of {c.max_clients} clients (max_clients; silent ones are closed after "
+                f"{c.idle_timeout_s:g} s); retry later"
+            )
         if self._per_ip[address] - joining >= c.per_ip:
-            return (f"{address} holds its share of {c.per_ip} of the {c.max_clients} client slots (max_clients_per_ip); "
-                    "close one of its connections, or raise --max-clients-per-ip where robots share an address "
-                    "(NAT, proxy)")  # fmt: skip
+            return (
+                f"{address} holds its share of {c.per_ip} of the {c.max_clients} client slots (max_clients_per_ip); "
+                "close one of its connections, or raise --max-clients-per-ip where robots share an address "
+                "(NAT, proxy)"
+            )
         return None
 
     async def _handler(self, ws: ServerConnection) -> None:
@@ -280,8 +287,12 @@ class PolicyServer:
                     "actions": result.actions,
                     "valid": result.valid,
                     "tokens": result.tokens,
-                    "server_timing": {"infer_ms": result.infer_ms, "queue_ms": result.queue_ms,
-                                      "batch_size": result.batch_size, "total_ms": total_ms},  # fmt: skip
+                    "server_timing": {
+                        "infer_ms": result.infer_ms,
+                        "queue_ms": result.queue_ms,
+                        "batch_size": result.batch_size,
+                        "total_ms": total_ms,
+                    },
                 }
                 if prev_total_ms is not None:
                     reply["server_timing"]["prev_total_ms"] = prev_total_ms
@@ -303,9 +314,11 @@ class PolicyServer:
     async def _serve_one(self, message, history: ConnectionHistory) -> tuple[Result, Item]:
         if isinstance(message, str):
             shown = repr(message[:40]) + ("..." if len(message) > 40 else "")
-            raise RequestError(f"received a text frame ({len(message)} characters: {shown}); send observations as "
-                               "binary msgpack frames (openpi_client.msgpack_numpy.packb or "
-                               "vla.serve.packb)")  # fmt: skip
+            raise RequestError(
+                f"received a text frame ({len(message)} characters: {shown}); send observations as "
+                "binary msgpack frames (openpi_client.msgpack_numpy.packb or "
+                "vla.serve.packb)"
+            )
         try:  # in a reader thread: a large message or camera image does not hold the other connections up
             item = await asyncio.get_running_loop().run_in_executor(self._readers, self._read, message, history)
         except DecodeError as err:
@@ -335,8 +348,15 @@ class PolicyServer:
         self._readers = concurrent.futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="vla-serve-read")
         worker = asyncio.create_task(self._worker())
         c = self.config
-        async with serve(self._handler, c.host, c.port, process_request=self._process_request, compression=None,
-                         max_size=c.max_message_bytes, max_queue=4) as server:  # fmt: skip
+        async with serve(
+            self._handler,
+            c.host,
+            c.port,
+            process_request=self._process_request,
+            compression=None,
+            max_size=c.max_message_bytes,
+            max_queue=4,
+        ) as server:
             self.port = server.sockets[0].getsockname()[1]
             logger.info("serving on ws://%s:%d (healthz: http://%s:%d/healthz)", c.host, self.port, c.host, self.port)
             if started is not None:

@@ -24,7 +24,9 @@ class ServeConfig:
     # connections from one address beyond this are refused with 503, so one address cannot hold every slot; None =
     # half of max_clients (rounded up). Robots behind one NAT or proxy share an address: raise it to max_clients
     max_clients_per_ip: int | None = None
-    idle_timeout_s: float = 60.0  # a connection that sends nothing for this long is closed (code 1008), freeing its slot
+    idle_timeout_s: float = (
+        60.0  # a connection that sends nothing for this long is closed (code 1008), freeing its slot
+    )
     # n_obs_steps > 1, one state a message: a gap longer than this between a connection's messages starts its state
     # history again (a new episode), as a message with "reset": true does
     history_reset_s: float = 5.0
@@ -39,8 +41,11 @@ class ServeConfig:
             ("request_timeout_s", self.request_timeout_s > 0, "use a positive number of seconds"),
             ("max_message_bytes", self.max_message_bytes >= 1024, "use at least 1024 bytes"),
             ("max_clients", self.max_clients >= 1, "use at least 1"),
-            ("max_clients_per_ip", self.max_clients_per_ip is None or 1 <= self.max_clients_per_ip <= self.max_clients,
-             f"use 1..max_clients ({self.max_clients}), or None for half of max_clients"),
+            (
+                "max_clients_per_ip",
+                self.max_clients_per_ip is None or 1 <= self.max_clients_per_ip <= self.max_clients,
+                f"use 1..max_clients ({self.max_clients}), or None for half of max_clients",
+            ),
             ("idle_timeout_s", self.idle_timeout_s > 0, "use a positive number of seconds"),
             ("history_reset_s", self.history_reset_s > 0, "use a positive number of seconds"),
             ("api_key", self.api_key is None or len(self.api_key) >= 8, "use a key of at least 8 characters"),

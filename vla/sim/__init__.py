@@ -180,8 +180,10 @@ def env_names(spec: str) -> list[str]:
     """The environments a spec names: ``"metaworld/push-v3"`` -> itself; a task set, ``"metaworld/mt10"`` -> its ten
     tasks; a comma list, ``"metaworld/drawer-open-v3,drawer-close-v3"`` -> those two. Every name is checked."""
     if not isinstance(spec, str) or spec.count("/") != 1:
-        raise ValueError(f"name environments as family/task (or family/task1,task2, or a task set such as "
-                         f"metaworld/mt10); got {spec!r}")  # fmt: skip
+        raise ValueError(
+            f"name environments as family/task (or family/task1,task2, or a task set such as "
+            f"metaworld/mt10); got {spec!r}"
+        )
     family_name, tasks = spec.split("/")
     fam = family(family_name)
     names: list[str] = []

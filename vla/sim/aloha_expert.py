@@ -126,15 +126,17 @@ def insertion_plan(objects: np.ndarray, start: dict[str, tuple[np.ndarray, np.nd
     down_right, down_left = axis_angle((0, 1, 0), -60), axis_angle((0, 1, 0), 60)
 
     def arm(obj: np.ndarray, quat: np.ndarray, side: float, rise: np.ndarray, first) -> Plan:
-        return Plan([
-            (0, *first, 0.0),
-            (120, obj + [0, 0, 0.08], quat, 1.0),  # above the object, open
-            (170, obj + [0, 0, -0.03], quat, 1.0),  # around it
-            (220, obj + [0, 0, -0.03], quat, 0.0),  # closed on it
-            (285, meet + [side * 0.1, 0, 0] + rise, quat, 0.0),  # lifted beside the meeting point
-            (340, meet + [side * 0.05, 0, 0] + rise, quat, 0.0),  # pushed together: the peg into the socket
-            (DEFAULT_MAX_STEPS, meet + [side * 0.05, 0, 0] + rise, quat, 0.0),
-        ])  # fmt: skip
+        return Plan(
+            [
+                (0, *first, 0.0),
+                (120, obj + [0, 0, 0.08], quat, 1.0),  # above the object, open
+                (170, obj + [0, 0, -0.03], quat, 1.0),  # around it
+                (220, obj + [0, 0, -0.03], quat, 0.0),  # closed on it
+                (285, meet + [side * 0.1, 0, 0] + rise, quat, 0.0),  # lifted beside the meeting point
+                (340, meet + [side * 0.05, 0, 0] + rise, quat, 0.0),  # pushed together: the peg into the socket
+                (DEFAULT_MAX_STEPS, meet + [side * 0.05, 0, 0] + rise, quat, 0.0),
+            ]
+        )
 
     return {
         "left": arm(socket, down_left, -1.0, np.zeros(3), start["left"]),
@@ -160,8 +162,10 @@ class AlohaExpert:
         self.data = mujoco.MjData(self.model)
         self._substeps = round(CONTROL_DT / self.model.opt.timestep)
         self._stages = Stages(self.model, self.task)
-        body = {side: mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, f"vx300s_{side}/gripper_link")
-                for side in ("left", "right")}  # fmt: skip
+        body = {
+            side: mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, f"vx300s_{side}/gripper_link")
+            for side in ("left", "right")
+        }
         # The weld that drags each gripper, found by its body: (mocap index, gripper body, weld row).
         self._welds = {}
         for side in ("left", "right"):

@@ -39,7 +39,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-
 from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
 from vla.data.reader import IMAGE_PREFIX
@@ -85,9 +84,17 @@ LEROBOT_IMAGE_SIZE = 480
 # Meta-World's MT10 benchmark (Yu et al., 2019): ten tasks, some of them pairs that start from alike scenes
 # (drawer-open / drawer-close, window-open / window-close) and differ only in what the instruction asks.
 MT10 = (
-    "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
-    "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3",
-)  # fmt: skip
+    "reach-v3",
+    "push-v3",
+    "pick-place-v3",
+    "door-open-v3",
+    "drawer-open-v3",
+    "drawer-close-v3",
+    "button-press-topdown-v3",
+    "peg-insert-side-v3",
+    "window-open-v3",
+    "window-close-v3",
+)
 TASK_SETS = {"mt10": MT10}
 
 
@@ -171,8 +178,9 @@ class MetaWorldEnv(Episode):
         self.max_steps = checked_max_steps(max_steps, DEFAULT_MAX_STEPS)
         if self.lerobot:
             image_keys, image_size = _lerobot_camera(list(image_keys), image_size)
-        self.image_keys, self.image_size = checked_cameras(image_keys, image_size, DEFAULT_IMAGE_SIZE, DEFAULT_CAMERA,
-                                                           other_keys=(OBS_IMAGE,) if self.lerobot else ())  # fmt: skip
+        self.image_keys, self.image_size = checked_cameras(
+            image_keys, image_size, DEFAULT_IMAGE_SIZE, DEFAULT_CAMERA, other_keys=(OBS_IMAGE,) if self.lerobot else ()
+        )
 
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
 
@@ -198,7 +206,9 @@ class MetaWorldEnv(Episode):
         if self.image_keys and self.lerobot:
             self._renderer = self._make_lerobot_renderer()
         elif self.image_keys:
-            self._renderer = self._make_renderer(self.image_size, [k.removeprefix(IMAGE_PREFIX) for k in self.image_keys])
+            self._renderer = self._make_renderer(
+                self.image_size, [k.removeprefix(IMAGE_PREFIX) for k in self.image_keys]
+            )
         self.last_frames: dict[str, np.ndarray] = {}  # camera key -> uint8 [H, W, 3] behind the latest observation
 
     @property
@@ -259,8 +269,11 @@ class MetaWorldEnv(Episode):
     def _observe(self, raw: np.ndarray) -> dict[str, Any]:
         obs: dict[str, Any] = {OBS_STATE: raw.astype(np.float32), "task": self.task_text}
         if self.observation != "privileged":  # agent_pos; the expert still reads the whole observation
-            obs = {OBS_STATE: raw[:PROPRIO_DIM].astype(np.float32), "task": self.task_text,
-                   EXPERT_STATE: raw.astype(np.float32)}
+            obs = {
+                OBS_STATE: raw[:PROPRIO_DIM].astype(np.float32),
+                "task": self.task_text,
+                EXPERT_STATE: raw.astype(np.float32),
+            }
         for key in self.image_keys:
             self.last_frames[key] = frame = self.render(key)  # uint8 [H, W, 3], what a recording stores
             obs[key] = frame.transpose(2, 0, 1).astype(np.float32) / 255.0  # float32 [3, H, W], LeRobot's layout

@@ -103,8 +103,10 @@ def record(
     if not (np.isfinite(action_noise) and 0.0 <= action_noise <= 1.0):
         raise ValueError(f"action_noise is a standard deviation in action units, 0 to 1; got {action_noise}")
     if action_noise > 0 and not fam.closed_loop_expert:
-        raise ValueError(f"{fam.name}'s expert is planned at reset and replayed open loop: DART noise "
-                         "(--action-noise) would push it off its plan with nothing to correct it; use 0")  # fmt: skip
+        raise ValueError(
+            f"{fam.name}'s expert is planned at reset and replayed open loop: DART noise "
+            "(--action-noise) would push it off its plan with nothing to correct it; use 0"
+        )
     attempts_allowed = episodes if keep_failed else max_attempts_for(episodes)
     if seed < 0 or seed + attempts_allowed > EVAL_SEED_START:
         raise ValueError(
@@ -112,15 +114,19 @@ def record(
             f"{EVAL_SEED_START} are kept for evaluation; choose a seed in 0..{EVAL_SEED_START - attempts_allowed}"
         )
     if image_format not in IMAGE_FORMATS:
-        raise ValueError(f"image_format must be one of {', '.join(IMAGE_FORMATS)} (video: LeRobot's default, lossy; "
-                         f"png: exact frames), got {image_format!r}")  # fmt: skip
+        raise ValueError(
+            f"image_format must be one of {', '.join(IMAGE_FORMATS)} (video: LeRobot's default, lossy; "
+            f"png: exact frames), got {image_format!r}"
+        )
     if root.exists() and not overwrite:
         raise ValueError(f"{root} already exists; choose another --root or pass --overwrite to replace it")
     if root.exists() and not root.is_dir():
         raise ValueError(f"{root} exists and is not a folder")
     image_keys = list(cameras or fam.default_cameras) if images else []
     if images and not image_keys:
-        raise ValueError(f"the {fam.name} simulator has no camera to record; drop --images (its episodes are state only)")
+        raise ValueError(
+            f"the {fam.name} simulator has no camera to record; drop --images (its episodes are state only)"
+        )
 
     def env_for(name: str) -> Env:
         return make_env(name, image_keys=image_keys, image_size=image_size, max_steps=max_steps, **(env_options or {}))
@@ -142,8 +148,11 @@ def record(
             attempts_allowed=attempts_allowed,
             progress=progress,
         )
-        summary.update(action_noise=float(action_noise), env_options=dict(env_options or {}),
-                       image_format=image_format if image_keys else None)  # fmt: skip
+        summary.update(
+            action_noise=float(action_noise),
+            env_options=dict(env_options or {}),
+            image_format=image_format if image_keys else None,
+        )
         _write_recording_json(tmp, summary)
     summary["root"] = str(root)
     return summary
@@ -244,8 +253,9 @@ def stored_features(features: dict[str, dict], video: bool) -> dict[str, dict]:
     return {k: {**ft, "dtype": "video"} if ft["dtype"] == "image" else ft for k, ft in features.items()}
 
 
-def _record_task(dataset, env: Env, expert: NoisyExpert, episodes: int, seed: int, keep_failed: bool,
-                 attempts_allowed: int, bar) -> tuple[list[EpisodeResult], list[EpisodeResult]]:  # fmt: skip
+def _record_task(
+    dataset, env: Env, expert: NoisyExpert, episodes: int, seed: int, keep_failed: bool, attempts_allowed: int, bar
+) -> tuple[list[EpisodeResult], list[EpisodeResult]]:
     """``episodes`` episodes of one task into ``dataset`` (its instruction as each frame's task)."""
     kept: list[EpisodeResult] = []
     tried: list[EpisodeResult] = []
@@ -345,8 +355,10 @@ def read_recording(root: str | Path) -> dict[str, Any] | None:
         content.setdefault("env_options", {})
         content["format_version"] = RECORDING_FORMAT
     if content["format_version"] != RECORDING_FORMAT:
-        raise ValueError(f"{path} has format_version {content['format_version']!r}; this version reads "
-                         f"{RECORDING_FORMAT}: record the dataset again")  # fmt: skip
+        raise ValueError(
+            f"{path} has format_version {content['format_version']!r}; this version reads "
+            f"{RECORDING_FORMAT}: record the dataset again"
+        )
     return content
 
 
@@ -379,8 +391,13 @@ def ensure_dataset(
     root = Path(root)
     env_names(env_name)
     family, task = env_name.split("/")
-    wanted = {"env": family, "task": task, "episodes_per_task": int(episodes), "action_noise": float(action_noise),
-              "env_options": dict(env_options or {})}  # fmt: skip
+    wanted = {
+        "env": family,
+        "task": task,
+        "episodes_per_task": int(episodes),
+        "action_noise": float(action_noise),
+        "env_options": dict(env_options or {}),
+    }
     if (root / "meta" / "info.json").is_file():
         recorded = read_recording(root)
         if recorded is None:
@@ -394,6 +411,7 @@ def ensure_dataset(
         log(f"{root} was recorded with other settings ({changed}); recording it again")
     else:
         log(f"recording {episodes} {env_name} expert episodes per task into {root}")
-    record(env_name, episodes, root, action_noise=action_noise, env_options=env_options, overwrite=True,
-           progress=progress)  # fmt: skip
+    record(
+        env_name, episodes, root, action_noise=action_noise, env_options=env_options, overwrite=True, progress=progress
+    )
     return root

@@ -53,8 +53,12 @@ def fast_renderer(model: Any, size: int, owner: Any):
 
 
 def checked_cameras(
-    image_keys: list[str] | tuple[str, ...], image_size: int | None, default_size: int, example: str,
-    *, other_keys: tuple[str, ...] = (),
+    image_keys: list[str] | tuple[str, ...],
+    image_size: int | None,
+    default_size: int,
+    example: str,
+    *,
+    other_keys: tuple[str, ...] = (),
 ) -> tuple[list[str], int | None]:
     """The cameras asked of an env, checked: dataset keys (``observation.images.<camera>``, or one of ``other_keys``),
     and their square size (``default_size`` when unset; None without cameras)."""

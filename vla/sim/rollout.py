@@ -86,8 +86,7 @@ def _as_chunk(actions: Any, action_dim: int) -> np.ndarray:
         chunk = chunk[None]
     if chunk.ndim != 2 or chunk.shape[0] == 0 or chunk.shape[1] != action_dim:
         raise ValueError(
-            f"the policy must return actions [T, {action_dim}] (or one action [{action_dim}]), "
-            f"got shape {chunk.shape}"
+            f"the policy must return actions [T, {action_dim}] (or one action [{action_dim}]), got shape {chunk.shape}"
         )
     return chunk
 
@@ -103,8 +102,14 @@ def run_episode(
 ) -> EpisodeResult:
     """One closed-loop episode on ``seed``. ``on_step(obs, action)`` sees each action before it runs."""
     step_hook = None if on_step is None else (lambda k, obs, action: on_step(obs, action))
-    return run_episodes([env], lambda observations: [policy_fn(observations[0])], [seed],
-                        n_action_steps=n_action_steps, ensemble=ensemble, on_step=step_hook)[0]  # fmt: skip
+    return run_episodes(
+        [env],
+        lambda observations: [policy_fn(observations[0])],
+        [seed],
+        n_action_steps=n_action_steps,
+        ensemble=ensemble,
+        on_step=step_hook,
+    )[0]
 
 
 def run_episodes(
@@ -186,8 +191,16 @@ def run_episodes(
             run.length += 1
             if done:
                 seed = episodes[run.index][1]
-                result = EpisodeResult(seed, bool(info["success"]), float(run.ret), run.length, envs[e].name, run.held,
-                                       _mean(run.switch_changes), _mean(run.step_changes))
+                result = EpisodeResult(
+                    seed,
+                    bool(info["success"]),
+                    float(run.ret),
+                    run.length,
+                    envs[e].name,
+                    run.held,
+                    _mean(run.switch_changes),
+                    _mean(run.step_changes),
+                )
                 results[run.index] = result
                 if on_episode is not None:
                     on_episode(result)

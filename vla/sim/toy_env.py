@@ -85,12 +85,14 @@ class ToyObstacleEnv(Episode):
     robot_type = "point2d"
     fps = FPS
 
-    def __init__(self, task: str = "obstacle", *, image_keys=(), image_size: int | None = None,
-                 max_steps: int | None = None):  # fmt: skip
+    def __init__(
+        self, task: str = "obstacle", *, image_keys=(), image_size: int | None = None, max_steps: int | None = None
+    ):
         self.task = check_name("toy task", task, TASKS)
         if list(image_keys):
-            raise ValueError(f"toy/{self.task} is state only and renders no camera; drop the cameras "
-                             f"(got {list(image_keys)})")  # fmt: skip
+            raise ValueError(
+                f"toy/{self.task} is state only and renders no camera; drop the cameras (got {list(image_keys)})"
+            )
         self.name = f"toy/{self.task}"
         self.task_text = TASK_TEXT
         self.max_steps = checked_max_steps(max_steps, DEFAULT_MAX_STEPS)
@@ -157,11 +159,13 @@ class ToyObstacleExpert:
         return velocity[None].astype(np.float32)  # [1, 2]
 
 
-register(Family(
-    name="toy",
-    tasks=lambda: list(TASKS),
-    make_env=ToyObstacleEnv,
-    make_expert=ToyObstacleExpert,
-    default_task="obstacle",
-    default_cameras=(),
-))  # fmt: skip
+register(
+    Family(
+        name="toy",
+        tasks=lambda: list(TASKS),
+        make_env=ToyObstacleEnv,
+        make_expert=ToyObstacleExpert,
+        default_task="obstacle",
+        default_cameras=(),
+    )
+)

@@ -12,14 +12,19 @@ def add_cli(subparsers) -> None:
     run = sub.add_parser("run", help="train and evaluate every run of a study not yet finished (resumable)")
     run.add_argument("study", type=Path, help="a study file (configs/studies/*.yaml)")
     run.add_argument("--work", type=Path, default=None, help="run folders (default: outputs/studies/<name>)")
-    run.add_argument("--results", type=Path, default=None,
-                     help="runs.json, README.md, success.png (default: results/<name>)")
+    run.add_argument(
+        "--results", type=Path, default=None, help="runs.json, README.md, success.png (default: results/<name>)"
+    )
     run.add_argument("--workers", type=int, default=None, help="runs side by side (default: the study's)")
-    run.add_argument("--allow-dirty", action="store_true",
-                     help="run with uncommitted changes (each run records dirty: true)")
-    run.add_argument("--rerun-changed", action="store_true",
-                     help="train and evaluate again the finished runs whose settings the study file has changed (their "
-                     "old records are kept in runs.json's earlier_runs, their folders moved aside)")
+    run.add_argument(
+        "--allow-dirty", action="store_true", help="run with uncommitted changes (each run records dirty: true)"
+    )
+    run.add_argument(
+        "--rerun-changed",
+        action="store_true",
+        help="train and evaluate again the finished runs whose settings the study file has changed (their "
+        "old records are kept in runs.json's earlier_runs, their folders moved aside)",
+    )
     run.add_argument("--dry-run", action="store_true", help="list the runs and their commands, run nothing")
     run.set_defaults(func=_run)
     table = sub.add_parser("table", help="write README.md and success.png again from a study's runs.json")
@@ -52,12 +57,15 @@ def _run(args: argparse.Namespace) -> int:
                 state = f"changed: {status.changed[run.id]}; refused without --rerun-changed"
             print(f"{run.id} ({state}): vla {' '.join(train_command(study, run, work / run.id)[3:])}")
         return 0
-    summary = run_study(study, work=args.work, results=args.results, allow_dirty=args.allow_dirty,
-                        rerun_changed=args.rerun_changed)  # fmt: skip
+    summary = run_study(
+        study, work=args.work, results=args.results, allow_dirty=args.allow_dirty, rerun_changed=args.rerun_changed
+    )
     for cell in summary["cells"]:
         mixed = f", mixed data from {len(cell['datasets'])} datasets: no verdict" if cell.get("mixed") else ""
-        print(f"{cell['setting']} {cell['tokenizer']}: {cell['mean']:.1%} +- {cell['std']:.1%} over seeds "
-              f"{cell['seeds']} (min {cell['min']:.0%}{mixed})")
+        print(
+            f"{cell['setting']} {cell['tokenizer']}: {cell['mean']:.1%} +- {cell['std']:.1%} over seeds "
+            f"{cell['seeds']} (min {cell['min']:.0%}{mixed})"
+        )
     return 0
 
 

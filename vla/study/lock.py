@@ -66,9 +66,13 @@ class StudyLock:
 
     def __init__(self, folder: Path, log=print):
         self.folder, self.path, self.log = Path(folder), Path(folder) / LOCK_FILE, log
-        self.info = {"pid": os.getpid(), "host": socket.gethostname(),
-                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "command": portable_command(sys.argv), "children": []}
+        self.info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": portable_command(sys.argv),
+            "children": [],
+        }
         self._mutex = threading.Lock()
         self.held = False
 
@@ -97,12 +101,16 @@ class StudyLock:
         who = f"pid {pid} on {host}, since {holder.get('started')}: {' '.join(map(str, holder.get('command') or []))}"
         if host != socket.gethostname() or _alive(pid):
             gone = f"; if it no longer runs, delete {self.path}" if host != socket.gethostname() else ""
-            raise RuntimeError(f"{self.folder} is in use by another vla study run ({who}); wait for it to end or "
-                               f"stop it (kill {pid}), then run again{gone}")
+            raise RuntimeError(
+                f"{self.folder} is in use by another vla study run ({who}); wait for it to end or "
+                f"stop it (kill {pid}), then run again{gone}"
+            )
         running = [g for g in holder.get("children") or [] if _group_alive(g)]
         if running:
-            raise RuntimeError(f"the study run that held {self.folder} ({who}) is gone, but its child process group "
-                               f"{running[0]} still runs there; stop it (kill -- -{running[0]}), then run again")
+            raise RuntimeError(
+                f"the study run that held {self.folder} ({who}) is gone, but its child process group "
+                f"{running[0]} still runs there; stop it (kill -- -{running[0]}), then run again"
+            )
         self.log(f"note: taking over the lock of a study run that stopped without releasing it ({who})")
         self.path.unlink(missing_ok=True)
 
@@ -143,8 +151,10 @@ class Children:
 
     def _on_signal(self, signum, frame) -> None:
         self.end_all()
-        raise Stopped(f"stopped by {signal.Signals(signum).name}: its training and evaluation processes were ended; "
-                      "run the same command again to continue where it stopped")
+        raise Stopped(
+            f"stopped by {signal.Signals(signum).name}: its training and evaluation processes were ended; "
+            "run the same command again to continue where it stopped"
+        )
 
     def run(self, cmd: list[str], **kwargs: Any) -> int:
         """Run ``cmd`` to its end in a new process group; its exit status (``Stopped`` once the study is stopping)."""

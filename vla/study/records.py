@@ -50,8 +50,9 @@ def check_record(record: Any, where: str, fix: str = _RESTORE) -> dict[str, Any]
 
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
-            raise ValueError(f"{where}: run {record.get('id', '?')!r}: '{key}' = {_short(record.get(key))} is not "
-                             f"{what}; {fix}")
+            raise ValueError(
+                f"{where}: run {record.get('id', '?')!r}: '{key}' = {_short(record.get(key))} is not {what}; {fix}"
+            )
 
     for key in ("id", "setting", "tokenizer"):
         need(isinstance(record.get(key), str) and bool(record.get(key)), key, "a name")
@@ -59,9 +60,12 @@ def check_record(record: Any, where: str, fix: str = _RESTORE) -> dict[str, Any]
     need(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED, "seed", "a training seed")
     need(_episodes(record.get("successes")), "successes", "a list of true/false, one per evaluation episode")
     tasks = record.get("task_successes")
-    need(tasks is None or (isinstance(tasks, dict) and all(isinstance(k, str) and _episodes(v)
-                                                            for k, v in tasks.items())),
-         "task_successes", "a mapping of task names to lists of true/false")
+    need(
+        tasks is None
+        or (isinstance(tasks, dict) and all(isinstance(k, str) and _episodes(v) for k, v in tasks.items())),
+        "task_successes",
+        "a mapping of task names to lists of true/false",
+    )
     need(isinstance(record.get("overrides", []), list), "overrides", "a list of vla train arguments")
     need(isinstance(record.get("provenance", {}), dict), "provenance", "a provenance block")
     need(isinstance(record.get("identity", {}), dict), "identity", "what produced the run")
@@ -69,8 +73,7 @@ def check_record(record: Any, where: str, fix: str = _RESTORE) -> dict[str, Any]
 
 
 def _episodes(value: Any) -> bool:
-    return (isinstance(value, list) and 0 < len(value) <= 64 * MAX_EPISODES
-            and all(isinstance(x, bool) for x in value))
+    return isinstance(value, list) and 0 < len(value) <= 64 * MAX_EPISODES and all(isinstance(x, bool) for x in value)
 
 
 def _short(value: Any) -> str:
@@ -92,11 +95,15 @@ def read_runs(path: Path) -> dict[str, Any] | None:
         return None
     data = _load(path, "a study's records")
     if not isinstance(data, dict) or not isinstance(data.get("study"), dict) or not isinstance(data.get("runs"), list):
-        raise ValueError(f"{path} is not a study's runs.json (it needs a 'study' block and a 'runs' list); give the "
-                         "results folder of a study that vla study run wrote")
+        raise ValueError(
+            f"{path} is not a study's runs.json (it needs a 'study' block and a 'runs' list); give the "
+            "results folder of a study that vla study run wrote"
+        )
     if data.get("format") != FORMAT:
-        raise ValueError(f"{path} has format {data.get('format')!r}, this version reads {FORMAT}; use the version "
-                         "of vla that wrote it")
+        raise ValueError(
+            f"{path} has format {data.get('format')!r}, this version reads {FORMAT}; use the version "
+            "of vla that wrote it"
+        )
     check_study(data["study"], f"{path} (its study block)", path=data.get("study_file"))
     if not isinstance(data.get("earlier_runs", []), list):
         raise ValueError(f"{path}: 'earlier_runs' must be a list of run records; {_RESTORE}")

@@ -90,16 +90,24 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
             f"{_pct(c['min'])} | {per_seed} | {_pct(c['wilson95'][0])}-{_pct(c['wilson95'][1])} ({c['episodes']}) |"
         )
     if pairs:
-        lines += ["", "| setting | better | worse | gap | p (Welch, seeds) | significant at 5% |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "| setting | better | worse | gap | p (Welch, seeds) | significant at 5% |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for p in pairs:
             pv = "n/a" if p["p_value"] is None else f"{p['p_value']:.3f}"
-            lines.append(f"| {p['setting']} | {p['better']} | {p['worse']} | {100 * p['gap']:+.0f} pts | {pv} | "
-                         f"{'no verdict (' + p['why'] + ')' if p['p_value'] is None else 'yes' if p['significant'] else 'no'} |")  # fmt: skip
+            lines.append(
+                f"| {p['setting']} | {p['better']} | {p['worse']} | {100 * p['gap']:+.0f} pts | {pv} | "
+                f"{'no verdict (' + p['why'] + ')' if p['p_value'] is None else 'yes' if p['significant'] else 'no'} |"
+            )
     lines += task_lines(table, runs)
     if earlier:
-        kept = (f"`runs.json` also keeps {earlier} record(s) of runs an earlier version of the study file produced "
-                "(`earlier_runs`: a seed removed, or a run trained again after its settings changed); they are not in "
-                "this table.")
+        kept = (
+            f"`runs.json` also keeps {earlier} record(s) of runs an earlier version of the study file produced "
+            "(`earlier_runs`: a seed removed, or a run trained again after its settings changed); they are not in "
+            "this table."
+        )
         lines += ["", kept]
     lines += ["", "![success per cell](success.png)", ""]
     return "\n".join(lines)
@@ -110,8 +118,13 @@ def task_lines(table: dict, runs: list[dict[str, Any]]) -> list[str]:
     tasks = next((list(r["task_successes"]) for r in runs if r.get("task_successes")), None)
     if not tasks:
         return []
-    lines = ["", "Per task (mean over training seeds, the seeds' range in brackets):", "",
-             "| setting | tokenizer | " + " | ".join(tasks) + " |", "| --- | --- |" + " --- |" * len(tasks)]  # fmt: skip
+    lines = [
+        "",
+        "Per task (mean over training seeds, the seeds' range in brackets):",
+        "",
+        "| setting | tokenizer | " + " | ".join(tasks) + " |",
+        "| --- | --- |" + " --- |" * len(tasks),
+    ]
     for setting, tok in table:
         mine = [r for r in runs if r["setting"] == setting and r["tokenizer"] == tok and r.get("task_successes")]
         if not mine:
@@ -156,8 +169,10 @@ def write_results(study: Study, runs: list[dict[str, Any]], out: Path, fingerpri
     written beside it first when one changes); a file that cannot be read, or another study's, is refused."""
     old = read_runs(out / RUNS_FILE)
     if old is not None and old["study"].get("name") != study.name:
-        raise ValueError(f"{out / RUNS_FILE} holds study {old['study'].get('name')!r}, not {study.name!r}; give this "
-                         f"study its own folder (results/{study.name})")
+        raise ValueError(
+            f"{out / RUNS_FILE} holds study {old['study'].get('name')!r}, not {study.name!r}; give this "
+            f"study its own folder (results/{study.name})"
+        )
     out.mkdir(parents=True, exist_ok=True)
     table = cells(study, runs)
     pairs = comparisons(study, table)
@@ -186,13 +201,17 @@ def rewrite(results: Path, study: Study | None = None) -> dict[str, Any]:
     results = Path(results)
     summary = read_runs(results / RUNS_FILE)
     if summary is None:
-        raise FileNotFoundError(f"no {RUNS_FILE} in {results}: a study's results folder holds one once a run has "
-                                "finished; run `vla study run configs/studies/NAME.yaml` first (it writes "
-                                "results/NAME/)")
+        raise FileNotFoundError(
+            f"no {RUNS_FILE} in {results}: a study's results folder holds one once a run has "
+            "finished; run `vla study run configs/studies/NAME.yaml` first (it writes "
+            "results/NAME/)"
+        )
     recorded = check_study(summary["study"], f"{results / RUNS_FILE} (its study block)", summary.get("study_file"))
     if study is not None and study.name != recorded.name:
-        raise ValueError(f"--study {study.path} is study {study.name!r}, but {results / RUNS_FILE} holds "
-                         f"{recorded.name!r}; give that study's file or none")
+        raise ValueError(
+            f"--study {study.path} is study {study.name!r}, but {results / RUNS_FILE} holds "
+            f"{recorded.name!r}; give that study's file or none"
+        )
     if study is not None:
         _check_same_runs(study, summary, results)
     study = study or recorded
@@ -215,6 +234,8 @@ def _check_same_runs(study: Study, summary: dict[str, Any], results: Path) -> No
         had = record.get("identity") or legacy_identity(record, summary["study"].get("eval"))
         why = changes(had, identity(study, run))
         if why is not None:
-            raise ValueError(f"{results / RUNS_FILE}: run {run.id}: {why} in {study.path}; the page would describe "
-                             "other settings than its runs had: run vla study run with --rerun-changed, or leave out "
-                             "--study")
+            raise ValueError(
+                f"{results / RUNS_FILE}: run {run.id}: {why} in {study.path}; the page would describe "
+                "other settings than its runs had: run vla study run with --rerun-changed, or leave out "
+                "--study"
+            )

@@ -130,36 +130,56 @@ def check_study(raw: Any, where: str, path: str | None = None) -> Study:
             raise ValueError(f"{where}: '{key}' = {raw.get(key)!r} is invalid: {fix}")
 
     check(isinstance(raw.get("question", ""), str), "question", "one sentence of text")
-    check(isinstance(raw["name"], str) and bool(_NAME.match(raw["name"])), "name",
-          "start with a letter or digit, then letters, digits, '_' or '.' (it names folders)")
+    check(
+        isinstance(raw["name"], str) and bool(_NAME.match(raw["name"])),
+        "name",
+        "start with a letter or digit, then letters, digits, '_' or '.' (it names folders)",
+    )
     for key in ("dataset", "config"):
         check(isinstance(raw[key], str) and bool(raw[key].strip()), key, "a path, as text")
     for key in ("tokenizers", "settings"):
         if key in raw:
             value = raw[key]
-            check(isinstance(value, dict) and bool(value) and all(
-                isinstance(k, str) and _NAME.match(k) and isinstance(v, list | type(None)) for k, v in value.items()
-            ), key, "a mapping of names (letters, digits, '_') to lists of vla train arguments")  # fmt: skip
+            check(
+                isinstance(value, dict)
+                and bool(value)
+                and all(
+                    isinstance(k, str) and _NAME.match(k) and isinstance(v, list | type(None)) for k, v in value.items()
+                ),
+                key,
+                "a mapping of names (letters, digits, '_') to lists of vla train arguments",
+            )
             raw[key] = {k: [_arg(a, where, key) for a in (v or [])] for k, v in value.items()}
     seeds = raw["seeds"]
-    check(isinstance(seeds, list) and bool(seeds) and all(_seed(s) for s in seeds) and len(set(seeds)) == len(seeds),
-          "seeds", f"a list of distinct integers from 0 to {MAX_SEED}, e.g. [0, 1, 2]")  # fmt: skip
+    check(
+        isinstance(seeds, list) and bool(seeds) and all(_seed(s) for s in seeds) and len(set(seeds)) == len(seeds),
+        "seeds",
+        f"a list of distinct integers from 0 to {MAX_SEED}, e.g. [0, 1, 2]",
+    )
     raw["eval"] = check_eval(raw["eval"], where)
     for key in ("workers", "threads"):
         value = raw.get(key, 1)
-        check(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 256, key,
-              "a positive integer (at most 256)")
+        check(
+            isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 256,
+            key,
+            "a positive integer (at most 256)",
+        )
     for key in ("train", "record"):
         check(raw.get(key) is None or isinstance(raw[key], list), key, "a list of command-line arguments")
         if raw.get(key) is not None:
             raw[key] = [_arg(a, where, key) for a in raw[key]]
-    lists = {**{f"tokenizers.{k}": v for k, v in raw["tokenizers"].items()},
-             **{f"settings.{k}": v for k, v in raw.get("settings", {}).items()}, "train": raw.get("train") or []}
+    lists = {
+        **{f"tokenizers.{k}": v for k, v in raw["tokenizers"].items()},
+        **{f"settings.{k}": v for k, v in raw.get("settings", {}).items()},
+        "train": raw.get("train") or [],
+    }
     for key, args in lists.items():
         owned = [a for a in args if _flag(a) in TRAIN_OWNED]
         if owned:
-            raise ValueError(f"{where}: {key}: {_flag(owned[0])} is set by the study runner for every run (the "
-                             f"study's own dataset, seeds and folders); remove {owned[0]!r}")
+            raise ValueError(
+                f"{where}: {key}: {_flag(owned[0])} is set by the study runner for every run (the "
+                f"study's own dataset, seeds and folders); remove {owned[0]!r}"
+            )
     return Study(**raw, path=path if path is not None else where)
 
 
@@ -199,8 +219,10 @@ def _check_eval_args(ev: dict[str, Any], where: str) -> None:
 
     owned = [a for a in ev["args"] if _flag(a) in EVAL_OWNED]
     if owned:
-        raise ValueError(f"{where}: eval.args: {_flag(owned[0])} is set by the study runner (the run's policy, the "
-                         f"study's env, task, episodes and folder); remove {owned[0]!r}")
+        raise ValueError(
+            f"{where}: eval.args: {_flag(owned[0])} is set by the study runner (the run's policy, the "
+            f"study's env, task, episodes and folder); remove {owned[0]!r}"
+        )
     from vla.cli import build_parser
 
     given = ["--policy", "P", "--env", ev["env"], "--task", ev["task"], "--episodes", str(ev["episodes"]), "--out", "O"]
@@ -220,7 +242,7 @@ def _check_eval_args(ev: dict[str, Any], where: str) -> None:
 def _arg(value: Any, where: str, key: str) -> str:
     """One command-line argument as text: a string or a number (YAML reads "200" unquoted as one), nothing else."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f"{where}: {key}: argument {value!r} is not a command-line word; quote it, e.g. \"--steps=5\"")
+        raise ValueError(f'{where}: {key}: argument {value!r} is not a command-line word; quote it, e.g. "--steps=5"')
     return str(value)
 
 

@@ -74,4 +74,9 @@ def compare(a: dict[str, Any], b: dict[str, Any], alpha: float = 0.05) -> dict[s
     with warnings.catch_warnings():  # a cell whose seeds agree: scipy warns about precision, the test still holds
         warnings.simplefilter("ignore", RuntimeWarning)
         p = float(scipy_stats.ttest_ind(ra, rb, equal_var=False).pvalue)
-    return {"gap": gap, "p_value": p, "significant": bool(p < alpha), "why": f"Welch's t-test over seeds, alpha {alpha}"}
+    return {
+        "gap": gap,
+        "p_value": p,
+        "significant": bool(p < alpha),
+        "why": f"Welch's t-test over seeds, alpha {alpha}",
+    }
