@@ -10,17 +10,25 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import assert_plot
 from vla.cli import build_parser
 from vla.cli import main as cli
 from vla.sim import env_names
 from vla.study import aggregate, compare, load_study, wilson
 from vla.study.report import rewrite
 from vla.study.runner import run_study
-from tests.conftest import assert_plot
 
-MICRO = ["--policy.preset=micro", "--policy.time_horizon=4", "--policy.n_action_steps=2", "--batch_size=4",
-         "--steps=2", "--save_every=1", "--log_every=1", "--policy.scheduler_warmup_steps=1",
-         "--policy.scheduler_decay_steps=2"]  # fmt: skip
+MICRO = [
+    "--policy.preset=micro",
+    "--policy.time_horizon=4",
+    "--policy.n_action_steps=2",
+    "--batch_size=4",
+    "--steps=2",
+    "--save_every=1",
+    "--log_every=1",
+    "--policy.scheduler_warmup_steps=1",
+    "--policy.scheduler_decay_steps=2",
+]
 
 
 def test_wilson_matches_the_closed_form():
@@ -73,8 +81,9 @@ def test_study_file_errors_name_the_key(tmp_path):
     assert cli(["study", "run", str(tmp_path / "missing.yaml")]) == 1
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "configs" / "studies").glob("*.yaml")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[1] / "configs" / "studies").glob("*.yaml")), ids=lambda p: p.stem
+)
 def test_committed_studies_record_and_evaluate_environments_that_exist(path):
     study = load_study(path)
     if study.record is not None:  # what the runner passes to `vla data record` when the dataset is missing
@@ -84,16 +93,19 @@ def test_committed_studies_record_and_evaluate_environments_that_exist(path):
 
 
 def test_a_micro_study_runs_stops_and_resumes(tiny_dataset_root, tmp_path):
-    study_file = _write(tmp_path / "micro.yaml", f"""
+    study_file = _write(
+        tmp_path / "micro.yaml",
+        f"""
 name: micro
 dataset: {tiny_dataset_root}
 config: configs/debug.yaml
 train: {json.dumps(MICRO)}
-tokenizers: {{fast: [--tokenizer.type=fast, --tokenizer.vocab_size=256], bin: [--tokenizer.type=bin, --tokenizer.n_bins=32]}}
+tokenizers: {{fast: [--tokenizer.type=fast, --tokenizer.vocab_size=256], bin: [--tokenizer.type=bin, --tokenizer.n_bins=32, --heldout_episodes=0.25, --report_chunks=8]}}
 seeds: [0]
 eval: {{env: metaworld, task: push-v3, episodes: 2, args: [--max-steps, "6", --num-envs, "2"]}}
 workers: 2
-""")
+""",
+    )
     study = load_study(study_file)
     work, results = tmp_path / "work", tmp_path / "results"
     summary = run_study(study, work=work, results=results, allow_dirty=True, progress=False)
@@ -105,10 +117,14 @@ workers: 2
     assert block["dataset"]["files"] > 0 and len(block["dataset"]["sha256"]) == 64
     assert block["config"]["seed"] == 0 and block["config"]["steps"] == 2 and run["train_wall_s"] > 0
     assert "--tokenizer.n_bins=32" in summary["runs"][1]["provenance"]["command"]
+    # A run that held episodes out records its offline report's measures beside its success; one that did not, none.
+    offline = json.loads((work / "default-bin-s0" / "train" / "offline_report.json").read_text())
+    assert summary["runs"][1]["offline"]["rmse"] == offline["policy"]["rmse"] and "offline" not in run
+    assert summary["runs"][1]["offline"]["first_action_rmse"] == offline["policy"]["rmse_per_step"][0]
     assert [c["tokenizer"] for c in summary["cells"]] == ["fast", "bin"] and summary["cells"][0]["seeds"] == [0]
     assert summary["comparisons"][0]["p_value"] is None  # one seed a cell: a number, not a verdict
     assert "too few seeds" in (results / "README.md").read_text()
-    assert (results / "README.md").read_text().count("| default |") == 3 
+    assert (results / "README.md").read_text().count("| default |") == 3
     assert_plot(results / "success.png")
     evaluation = json.loads((work / "default-bin-s0" / "eval" / "eval_info.json").read_text())
     assert evaluation["provenance"]["config"]["train"]["seed"] == 0  # vla eval's own file says what produced it
@@ -123,16 +139,23 @@ workers: 2
     shutil.rmtree(work / "default-fast-s0" / "train" / "policy")
     again = run_study(study, work=work, results=results, allow_dirty=True, progress=False)
     assert len(again["runs"]) == 2
-    log = (work / "default-bin-s0" / "log.txt").read_text()
-    assert log.count(" train ") == 1 and log.count(" eval ") == 2  # only the evaluation ran again
-    log = (work / "default-fast-s0" / "log.txt").read_text()
-    assert log.count("--resume=true") == 1 and log.count(" eval ") == 2  # the training continued from its checkpoint
+    commands = [
+        line for line in (work / "default-bin-s0" / "log.txt").read_text().splitlines() if line.startswith("$ ")
+    ]
+    assert [c.split(" vla.cli ")[1].split()[0] for c in commands] == ["train", "eval", "eval"]  # only the eval again
+    commands = [
+        line for line in (work / "default-fast-s0" / "log.txt").read_text().splitlines() if line.startswith("$ ")
+    ]
+    assert [c.split(" vla.cli ")[1].split()[0] for c in commands] == ["train", "eval", "train", "eval"]
+    assert commands[2].endswith("--resume=true") and not commands[0].endswith("--resume=true")  # from its checkpoint
     assert rewrite(results)["cells"] == again["cells"]
 
     # The work folder lost (another machine): the runs reported in results/runs.json count as finished.
     shutil.rmtree(work)
     third = run_study(study, work=work, results=results, allow_dirty=True, progress=False)
-    assert [r["id"] for r in third["runs"]] == ["default-fast-s0", "default-bin-s0"] and not work.joinpath("default-bin-s0").exists()
+    assert [r["id"] for r in third["runs"]] == ["default-fast-s0", "default-bin-s0"] and not work.joinpath(
+        "default-bin-s0"
+    ).exists()
     assert third["cells"] == again["cells"]
 
 
@@ -143,12 +166,21 @@ def test_same_seed_threads_and_data_give_the_same_weights_and_evaluation(tiny_da
 
     reports, weights = [], []
     for name in ("a", "b"):
-        cfg = load_config(args=["--config_path=configs/debug.yaml", f"--dataset_root={tiny_dataset_root}",
-                                f"--output_dir={tmp_path / name}", "--progress=false", *MICRO, "--steps=3"])  # fmt: skip
+        cfg = load_config(
+            args=[
+                "--config_path=configs/debug.yaml",
+                f"--dataset_root={tiny_dataset_root}",
+                f"--output_dir={tmp_path / name}",
+                "--progress=false",
+                *MICRO,
+                "--steps=3",
+            ]
+        )
         train.main(cfg)
         weights.append(load_file(str(tmp_path / name / "policy" / "model.safetensors")))
-        reports.append(evaluate(tmp_path / name / "policy", "metaworld/push-v3", 2, max_steps=12, num_envs=2,
-                                progress=False))  # fmt: skip
+        reports.append(
+            evaluate(tmp_path / name / "policy", "metaworld/push-v3", 2, max_steps=12, num_envs=2, progress=False)
+        )
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     for key in ("successes", "returns", "lengths"):
@@ -156,7 +188,10 @@ def test_same_seed_threads_and_data_give_the_same_weights_and_evaluation(tiny_da
 
 
 def test_a_multi_task_study_pools_its_tasks_and_reports_each(tiny_dataset_root, tmp_path):
-    study = load_study(_write(tmp_path / "tasks.yaml", f"""
+    study = load_study(
+        _write(
+            tmp_path / "tasks.yaml",
+            f"""
 name: tasks
 dataset: {tiny_dataset_root}
 config: configs/debug.yaml
@@ -165,7 +200,9 @@ tokenizers: {{bin: [--tokenizer.type=bin, --tokenizer.n_bins=32]}}
 seeds: [0]
 eval: {{env: metaworld, task: "push-v3,reach-v3", episodes: 2, args: [--max-steps, "4", --num-envs, "2"]}}
 workers: 1
-"""))
+""",
+        )
+    )
     summary = run_study(study, work=tmp_path / "work", results=tmp_path / "results", allow_dirty=True, progress=False)
     run = summary["runs"][0]
     assert list(run["task_successes"]) == ["push-v3", "reach-v3"]

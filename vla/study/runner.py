@@ -68,27 +68,51 @@ def ensure_dataset(study: Study, log=print, children: Children | None = None) ->
     if (root / "meta" / "info.json").is_file():
         return root
     if study.record is None:
-        raise FileNotFoundError(f"the study's dataset {root} does not exist and the study has no 'record' arguments; "
-                                "record it first or add `record: [...]` (vla data record arguments)")  # fmt: skip
+        raise FileNotFoundError(
+            f"the study's dataset {root} does not exist and the study has no 'record' arguments; "
+            "record it first or add `record: [...]` (vla data record arguments)"
+        )
     log(f"recording the study's dataset into {root}")
     cmd = _python("data", "record", *study.record, "--root", str(root), "--quiet")
     code = (children or Children()).run(cmd)
     if code != 0:
-        raise RuntimeError(f"recording the study's dataset failed (exit {code}): {' '.join(cmd[3:])}; fix the "
-                           "study's 'record' arguments or record the dataset yourself")
+        raise RuntimeError(
+            f"recording the study's dataset failed (exit {code}): {' '.join(cmd[3:])}; fix the "
+            "study's 'record' arguments or record the dataset yourself"
+        )
     return root
 
 
 def train_command(study: Study, run: Run, folder: Path) -> list[str]:
     """``vla train`` for one run (``execute`` adds ``--resume=true`` when the run has a checkpoint)."""
-    return _python("train", "--config_path", study.config, f"--dataset_root={study.dataset}", *run.overrides,
-                   f"--seed={run.seed}", f"--output_dir={folder / 'train'}", "--progress=false")  # fmt: skip
+    return _python(
+        "train",
+        "--config_path",
+        study.config,
+        f"--dataset_root={study.dataset}",
+        *run.overrides,
+        f"--seed={run.seed}",
+        f"--output_dir={folder / 'train'}",
+        "--progress=false",
+    )
 
 
 def eval_command(study: Study, folder: Path) -> list[str]:
     ev = study.eval
-    return _python("eval", "--policy", str(folder / "train" / "policy"), "--env", ev["env"], "--task", ev["task"],
-                   "--episodes", str(ev["episodes"]), "--out", str(folder / "eval"), *ev["args"])  # fmt: skip
+    return _python(
+        "eval",
+        "--policy",
+        str(folder / "train" / "policy"),
+        "--env",
+        ev["env"],
+        "--task",
+        ev["task"],
+        "--episodes",
+        str(ev["episodes"]),
+        "--out",
+        str(folder / "eval"),
+        *ev["args"],
+    )
 
 
 def config_digest(path: str | Path) -> str | None:
@@ -231,8 +255,10 @@ def _read_eval(folder: Path, run: Run) -> dict[str, Any]:
             raise ValueError("no success_rate")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         reason = str(err).splitlines()[0] if str(err) else repr(err)
-        raise ValueError(f"run {run.id}: {path} cannot be read ({reason}); delete it and run the study again to "
-                         "evaluate the run again (its finished record, if any, is kept)") from None
+        raise ValueError(
+            f"run {run.id}: {path} cannot be read ({reason}); delete it and run the study again to "
+            "evaluate the run again (its finished record, if any, is kept)"
+        ) from None
     return report
 
 
@@ -244,8 +270,13 @@ def execute(
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / IDENTITY_FILE).exists():
         write_json(folder / IDENTITY_FILE, identity(study, run))
-    env = {**os.environ, "OMP_NUM_THREADS": str(study.threads), "MKL_NUM_THREADS": str(study.threads),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(study.threads),
+        "MKL_NUM_THREADS": str(study.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+    }
     walls: dict[str, float] = _read(folder / "walls.json") or {}  # seconds per stage, summed over resumes
     with (folder / "log.txt").open("a") as log:
         for stage in ("train", "eval"):
@@ -284,14 +315,39 @@ def execute(
         "valid_chunk_rate": report.get("valid_chunk_rate"),
         "latency_ms_mean": report.get("latency_ms_mean"),
         "final_loss": _final_loss(folder / "train"),
+        **({"offline": offline} if (offline := _offline(folder / "train")) else {}),
         "train_wall_s": walls.get("train"),
         "eval_wall_s": walls.get("eval"),
         # The command that reproduces the run's training (its evaluation: study.eval).
-        "provenance": provenance(config=train_config, fingerprint=fingerprint, threads=study.threads,
-                                 workers=study.workers, command=["vla", *train_command(study, run, folder)[3:]]),
+        "provenance": provenance(
+            config=train_config,
+            fingerprint=fingerprint,
+            threads=study.threads,
+            workers=study.workers,
+            command=["vla", *train_command(study, run, folder)[3:]],
+        ),
     }
     write_json(folder / RUN_FILE, record)
     return record
+
+
+def _offline(train_dir: Path) -> dict[str, Any] | None:
+    """The held-out measures of the run's offline report (when it held episodes out): what a study can set beside
+    closed-loop success to see which offline number predicts it."""
+    report = _read(train_dir / "offline_report.json")
+    if not isinstance(report, dict) or not isinstance(report.get("policy"), dict):
+        return None
+    policy, baselines = report["policy"], report.get("baselines") or {}
+    per_step = policy.get("rmse_per_step") or [None]
+    return {
+        "rmse": policy.get("rmse"),  # normalised, over the chunk
+        "first_action_rmse": per_step[0],  # the action a robot runs first
+        "accuracy": policy.get("accuracy"),  # teacher-forced next-id accuracy
+        "loss": policy.get("loss"),
+        "tokens_per_chunk": policy.get("tokens_per_chunk"),
+        "mean_action_rmse": (baselines.get("mean_action") or {}).get("rmse"),
+        "hold_state_rmse": (baselines.get("hold_state") or {}).get("rmse"),
+    }
 
 
 def _episodes(report: dict[str, Any]) -> tuple[list[bool], list[int] | None, dict[str, list[bool]] | None]:
@@ -317,13 +373,17 @@ def check_results_folder(study: Study, results: Path, summary: dict[str, Any] | 
     if summary is not None:
         name = summary["study"].get("name")
         if name != study.name:
-            raise ValueError(f"{results / RUNS_FILE} holds study {name!r}, not {study.name!r}; give this study its "
-                             f"own folder (--results results/{study.name})")
+            raise ValueError(
+                f"{results / RUNS_FILE} holds study {name!r}, not {study.name!r}; give this study its "
+                f"own folder (--results results/{study.name})"
+            )
         return
     found = [p for p in PAGES if (results / p).exists()]
     if found:
-        raise ValueError(f"{results} holds {found[0]} but no {RUNS_FILE}, so it is not a study's results folder and "
-                         f"would be written over; pass --results results/{study.name} or an empty folder")
+        raise ValueError(
+            f"{results} holds {found[0]} but no {RUNS_FILE}, so it is not a study's results folder and "
+            f"would be written over; pass --results results/{study.name} or an empty folder"
+        )
 
 
 def check_training_arguments(study: Study, runs: list[Run]) -> None:
@@ -350,16 +410,20 @@ def check_training_arguments(study: Study, runs: list[Run]) -> None:
             raise ValueError(f"run {run.id}: its vla train arguments do not parse ({reason}); fix {study.path}")
         got = (str(cfg.dataset_root), int(cfg.seed), str(cfg.output_dir), bool(cfg.resume) or bool(cfg.overwrite))
         if got != (study.dataset, run.seed, str(Path("study-output") / "train"), False):
-            raise ValueError(f"run {run.id}: its arguments {list(run.overrides)} change the dataset, seed or folder "
-                             f"the runner sets; remove that argument from {study.path}")
+            raise ValueError(
+                f"run {run.id}: its arguments {list(run.overrides)} change the dataset, seed or folder "
+                f"the runner sets; remove that argument from {study.path}"
+            )
 
 
 def _refuse_changed(study: Study, status: Plan, rerun_changed: bool) -> None:
     if status.changed and not rerun_changed:
         first = next(iter(status.changed))
-        raise ValueError(f"run {first}: {status.changed[first]} in {study.path} since it ran ({len(status.changed)} "
-                         "changed run(s)); restore the study file, or pass --rerun-changed to train and evaluate them "
-                         "again (their old records are kept)")
+        raise ValueError(
+            f"run {first}: {status.changed[first]} in {study.path} since it ran ({len(status.changed)} "
+            "changed run(s)); restore the study file, or pass --rerun-changed to train and evaluate them "
+            "again (their old records are kept)"
+        )
 
 
 def run_study(
@@ -380,8 +444,10 @@ def run_study(
     results = Path(results or Path("results") / study.name)
     commit, dirty = git_state()
     if dirty and not allow_dirty:
-        raise RuntimeError("the code has uncommitted changes, so the study's runs could not be traced to a commit; "
-                           "commit them first, or pass --allow-dirty (each run then records dirty: true)")  # fmt: skip
+        raise RuntimeError(
+            "the code has uncommitted changes, so the study's runs could not be traced to a commit; "
+            "commit them first, or pass --allow-dirty (each run then records dirty: true)"
+        )
     check_training_arguments(study, study.runs())
     check_results_folder(study, results, read_runs(results / RUNS_FILE))
     _refuse_changed(study, plan(study, work, results), rerun_changed)  # before the lock creates the work folder
@@ -415,12 +481,16 @@ def _run_locked(study, work, results, commit, dirty, rerun_changed, progress, lo
     for record in status.done.values():
         sha = (record.get("provenance") or {}).get("dataset", {}).get("sha256")
         if sha not in (None, fingerprint.get("sha256")):
-            log(f"warning: run {record['id']} was trained on a dataset with sha256 {sha[:12]}, not this one "
-                f"({str(fingerprint.get('sha256'))[:12]}); its cell mixes data, and the page says so")  # fmt: skip
+            log(
+                f"warning: run {record['id']} was trained on a dataset with sha256 {sha[:12]}, not this one "
+                f"({str(fingerprint.get('sha256'))[:12]}); its cell mixes data, and the page says so"
+            )
     todo = status.todo
-    log(f"study {study.name}: {len(runs)} runs ({len(status.done)} finished, {len(status.changed)} changed), "
+    log(
+        f"study {study.name}: {len(runs)} runs ({len(status.done)} finished, {len(status.changed)} changed), "
         f"{study.workers} at a time, {study.threads} thread(s) each; commit {commit[:10]}{' (dirty)' if dirty else ''}"
-        f"; logs in {work}/<run>/log.txt")  # fmt: skip
+        f"; logs in {work}/<run>/log.txt"
+    )
 
     def table() -> dict[str, Any]:
         now = plan(study, work, results).shown
@@ -451,6 +521,8 @@ def _run_locked(study, work, results, commit, dirty, rerun_changed, progress, lo
         bar.close()
     summary = table()
     if failures:
-        raise RuntimeError(f"{len(failures)} run(s) failed ({'; '.join(failures)}); fix the cause and run the "
-                           "same command again: finished runs are kept")  # fmt: skip
+        raise RuntimeError(
+            f"{len(failures)} run(s) failed ({'; '.join(failures)}); fix the cause and run the "
+            "same command again: finished runs are kept"
+        )
     return summary
