@@ -5,6 +5,7 @@
     gemma_like_dir           a stand-in for PaliGemma's Gemma tokenizer.json
     T, D, fitted_tokenizers  small synthetic chunks and one tokenizer of each kind fitted on them
     assert_plot              a PNG that shows something: its size, and coloured marks beyond grey axes and text
+    train_micro_policy       a micro FAST policy trained 2 steps on a dataset: its saved policy folder
 
 The datasets are recorded by ``vla.sim.record`` with training seeds from 0 and are read-only for tests (copy
 one with ``shutil.copytree`` before changing it).
@@ -42,6 +43,26 @@ def assert_plot(path: Path, min_width: int = 300, min_height: int = 200, coloure
         return
     colour = ((rgb.max(axis=2) - rgb.min(axis=2)) > 60).mean()  # saturated: a data series, not an axis
     assert colour > 0.0005, f"{path} holds no coloured marks: axes without data?"
+
+
+def train_micro_policy(dataset_root: Path, output_dir: Path) -> str:
+    """A micro FAST policy (256 ids, T = 4) trained 2 steps on ``dataset_root``: the policy folder it saved."""
+    from vla import train
+    from vla.policy import VLAConfig
+    from vla.tokenizer_choice import tokenizer_config
+
+    cfg = train.TrainConfig(
+        dataset_root=str(dataset_root),
+        output_dir=str(output_dir),
+        tokenizer=tokenizer_config("fast", vocab_size=256),
+        steps=2,
+        batch_size=4,
+        save_every=2,
+        log_every=1,
+        progress=False,
+        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"),
+    )
+    return train.main(cfg)["policy_path"]
 
 
 TINY_EPISODES = 4

@@ -14,26 +14,14 @@ import torch
 from action_tokenizers.synthetic import smooth_chunks
 from safetensors.torch import load_file, save_file
 
-from vla import train
+from tests.conftest import train_micro_policy
 from vla.cli import main
-from vla.policy import VLAConfig, VLAPolicy
-from vla.tokenizer_choice import tokenizer_config
+from vla.policy import VLAPolicy
 
 
 @pytest.fixture(scope="module")
 def saved_policy(tiny_dataset_root, tmp_path_factory):
-    cfg = train.TrainConfig(
-        dataset_root=str(tiny_dataset_root),
-        output_dir=str(tmp_path_factory.mktemp("saved")),
-        tokenizer=tokenizer_config("fast", vocab_size=256),
-        steps=2,
-        batch_size=4,
-        save_every=2,
-        log_every=1,
-        progress=False,
-        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"),
-    )
-    return train.main(cfg)["policy_path"]
+    return train_micro_policy(tiny_dataset_root, tmp_path_factory.mktemp("saved"))
 
 
 def copy_of(saved_policy, tmp_path):

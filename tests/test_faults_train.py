@@ -11,11 +11,10 @@ import shutil
 
 import pytest
 
+from tests.conftest import train_micro_policy
 from vla import checkpoints, train
 from vla.checkpoints import CHECKPOINTS
 from vla.cli import main
-from vla.policy import VLAConfig
-from vla.tokenizer_choice import tokenizer_config
 
 MICRO = [
     "--policy.preset=micro",
@@ -79,18 +78,7 @@ def test_resume_accepts_its_own_paths_spelled_differently(tiny_dataset_root, tmp
 # --- 2. saved policy folders ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def saved_policy(tiny_dataset_root, tmp_path_factory):
-    cfg = train.TrainConfig(
-        dataset_root=str(tiny_dataset_root),
-        output_dir=str(tmp_path_factory.mktemp("saved")),
-        tokenizer=tokenizer_config("fast", vocab_size=256),
-        steps=2,
-        batch_size=4,
-        save_every=2,
-        log_every=1,
-        progress=False,
-        policy=VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu"),
-    )
-    return train.main(cfg)["policy_path"]
+    return train_micro_policy(tiny_dataset_root, tmp_path_factory.mktemp("saved"))
 
 
 def broken_copy(saved_policy, tmp_path, text: str | None = None, **fields):
