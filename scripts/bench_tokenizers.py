@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from tokenizers import Tokenizer, models
 from vla.io import atomic_write_text
-from vla.provenance import provenance
+from vla.provenance import headline_path, provenance, quiet_machine
 
 
 def timed(fn) -> tuple[float, float]:
@@ -258,6 +258,11 @@ def load_data(args) -> tuple[np.ndarray, np.ndarray, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/bench_tokenizers.json"))
+    parser.add_argument(
+        "--allow-loaded",
+        action="store_true",
+        help="write to --out even when the machine was loaded (default: beside it, as <stem>.loaded.json)",
+    )
     parser.add_argument("--n", type=int, default=10_000, help="chunks to fit on and to measure on")
     parser.add_argument("--fsq-steps", type=int, default=3000)
     parser.add_argument("--root", type=Path, default=None, help="a LeRobot dataset instead of synthetic data")
@@ -314,6 +319,9 @@ def main() -> None:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
+    loads = results["throughput_chunks_per_s"]["load_average_1min"]
+    results["machine"] |= quiet_machine([loads["before"], *loads["per_round"]], threads=1)
+    args.out = headline_path(args.out, results["machine"], args.allow_loaded)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     results["provenance"] = provenance(config=config, dataset=args.root)
     atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")

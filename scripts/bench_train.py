@@ -197,6 +197,11 @@ def markdown(record: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_train.json")
+    parser.add_argument(
+        "--allow-loaded",
+        action="store_true",
+        help="write to --out even when the machine was loaded (default: beside it, as <stem>.loaded.json)",
+    )
     parser.add_argument("--before", type=Path, required=True, help="the older checkout to measure against")
     parser.add_argument("--after", type=Path, default=ROOT, help="the newer checkout (default: this one)")
     parser.add_argument("--recipes", default="fast,images,aloha")
@@ -250,7 +255,7 @@ def main() -> None:
 
 def write(args, recipes: list[str], threads: list[int], codes: dict, states: dict, runs: dict, repeats: int) -> None:
     from vla.io import atomic_write_text, write_json
-    from vla.provenance import provenance
+    from vla.provenance import QUIET_EXTRA_LOAD, headline_path, provenance, quiet_machine
 
     rows = []
     for (recipe, n, label), results in runs.items():
@@ -282,6 +287,8 @@ def write(args, recipes: list[str], threads: list[int], codes: dict, states: dic
         "codes": commits,
         "load_average_min": min(loads),
         "load_average_max": max(loads),
+        # quiet when every run's load stayed within its own threads (plus QUIET_EXTRA_LOAD)
+        "quiet": all(quiet_machine([r["load_average"]], n)["quiet"] for (_, n, _), rs in runs.items() for r in rs),
         "datasets": {k: {"root": str(DATA / RECIPES[k][1]), "record": RECIPES[k][2]} for k in recipes},
     }
     record = {
@@ -291,9 +298,11 @@ def write(args, recipes: list[str], threads: list[int], codes: dict, states: dic
             config={"recipes": recipes, "threads": threads, "steps": args.steps, "repeats": repeats, "codes": commits}
         ),
     }
-    write_json(args.out, record)
-    atomic_write_text(args.out.with_suffix(".md"), markdown(record))
-    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
+    machine = {"quiet": meta["quiet"], "max_load": max(loads), "limit": max(threads) + QUIET_EXTRA_LOAD}
+    out = headline_path(args.out, machine, args.allow_loaded)
+    write_json(out, record)
+    atomic_write_text(out.with_suffix(".md"), markdown(record))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

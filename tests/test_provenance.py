@@ -108,3 +108,17 @@ def test_dirty_means_code_changed_not_results_or_pages(tmp_path):
     (tmp_path / "train.py").write_text("x = 2\n")
     commit, dirty = git_state(tmp_path)
     assert dirty is True and len(commit) == 40
+
+
+def test_a_loaded_machine_never_writes_a_headline_figure(tmp_path, capsys):
+    from vla.provenance import QUIET_EXTRA_LOAD, headline_path, quiet_machine
+
+    quiet = quiet_machine([0.7, 1.2, 1.4], threads=1)
+    loaded = quiet_machine([0.7, 1.2 + QUIET_EXTRA_LOAD + 0.5], threads=1)
+    assert quiet["quiet"] and not loaded["quiet"] and loaded["max_load"] == 2.2
+    assert quiet_machine([3.0], threads=2)["quiet"] is False and not quiet_machine([], threads=1)["quiet"]
+    out = tmp_path / "bench.json"
+    assert headline_path(out, quiet, allow_loaded=False) == out
+    assert headline_path(out, loaded, allow_loaded=False) == tmp_path / "bench.loaded.json"
+    assert "the machine was loaded (1-minute load up to 2.20" in capsys.readouterr().out
+    assert headline_path(out, loaded, allow_loaded=True) == out  # recorded as the headline only when asked

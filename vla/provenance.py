@@ -25,6 +25,30 @@ FORMAT = 1
 REQUIRED = ("format", "commit", "dirty", "command", "packages", "threads", "created")
 PACKAGES = ("torch", "numpy", "transformers", "tokenizers", "lerobot", "mujoco", "metaworld", "scipy")
 _BIG_FILE = 64 << 20  # files above this are fingerprinted by size, head and tail
+# A speed figure is a headline only from a quiet machine: its 1-minute load average never above the benchmark's own
+# threads plus this. A loaded machine slows a pure-Python loop more than vectorised code, so it inflates ratios.
+QUIET_EXTRA_LOAD = 0.5
+
+
+def quiet_machine(loads: list[float], threads: int) -> dict[str, Any]:
+    """Whether the 1-minute load averages ``loads`` seen during a benchmark of ``threads`` threads leave its figures
+    a headline (``quiet``), with the numbers that say so."""
+    limit = threads + QUIET_EXTRA_LOAD
+    return {"quiet": bool(loads) and max(loads) <= limit, "max_load": max(loads, default=None), "limit": limit}
+
+
+def headline_path(path: Path, machine: dict[str, Any], allow_loaded: bool, log=print) -> Path:
+    """Where a benchmark writes its figures: ``path`` when ``machine`` (``quiet_machine``) was quiet or the caller
+    allows a loaded one, else ``<stem>.loaded<suffix>`` beside it, so that a loaded run never replaces a headline."""
+    if machine["quiet"] or allow_loaded:
+        return path
+    loaded = path.with_name(f"{path.stem}.loaded{path.suffix}")
+    log(
+        f"WARNING: the machine was loaded (1-minute load up to {machine['max_load']:.2f}, above {machine['limit']:.1f} "
+        f"for this benchmark): its figures go to {loaded}, not {path}; run again on a quiet machine, or pass "
+        "--allow-loaded to record them as the headline anyway"
+    )
+    return loaded
 
 
 def git_state(path: str | Path | None = None) -> tuple[str, bool]:
