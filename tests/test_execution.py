@@ -160,3 +160,18 @@ def test_rollout_behind_a_delay_holds_and_counts_it():
     assert late.held == 4 and late.length == 12
     [ahead] = run_episodes([CountingEnv()], policy, [0], n_action_steps=2, delay_steps=2, ahead=True)
     assert ahead.held == 0 and ahead.success
+
+
+def test_the_jump_at_the_hand_over_is_measured_against_what_ran_before():
+    calls = []
+
+    def policy(observations):  # the k-th chunk holds k + 1 in every step: a jump of 1 at each hand-over
+        calls.append(1)
+        return np.full((len(observations), T, 1), float(len(calls)))
+
+    [result] = run_episodes([CountingEnv()], policy, [0], n_action_steps=None)
+    assert result.switch_jump == 1.0 and result.step_change == 0.0 and len(calls) == 3
+    calls.clear()
+    [late] = run_episodes([CountingEnv()], policy, [0], n_action_steps=None, delay_steps=2)
+    # CountingEnv holds by running its last action again: the hand-over after a hold still jumps by 1
+    assert late.held > 0 and late.switch_jump == 1.0

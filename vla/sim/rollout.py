@@ -60,7 +60,8 @@ class _Running:
         if action is None:
             self.held += 1
             hold = getattr(env, "hold_action", None)
-            return hold(self.last) if hold is not None else self.last
+            self.last = np.asarray(hold(self.last) if hold is not None else self.last, dtype=np.float64)
+            return self.last  # the next chunk's first action is measured against what the robot held
         if self.last is not None:
             change = float(np.linalg.norm(np.asarray(action) - self.last))
             (self.switch_changes if getattr(self.actions, "switched", False) else self.step_changes).append(change)

@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""Closed-loop success behind a network delay: trained policies (one per training seed) evaluated by ``vla eval``'s
+delay model at several delays each way, synchronous and with the request sent ahead.
+
+    python scripts/delay_table.py --policy s0=RUN0/policy --policy s1=RUN1/policy ... \\
+        [--task push-v3] [--episodes 50] [--max-steps 200] [--delays 0,50,100,200] [--out results/delay]
+
+Each policy is evaluated with no delay at all (today's loop), then for each one-way delay D at a round trip of 2D
+plus its measured decode time (``vla eval --delay-ms 2D``), holding until the reply (``when empty``) and asking
+ahead (``--ahead``). Writes ``delay.json`` (every evaluation's settings and figures, with provenance), ``README.md``
+(mean success over the policies, each policy's, the steps held and the jump at the hand-over) and ``delay.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from vla.evaluate import evaluate
+from vla.io import atomic_write_text
+from vla.provenance import provenance
+
+SCHEMES = {"when empty": False, "ahead": True}
+
+
+def run(policies: dict[str, str], env: str, episodes: int, max_steps: int, delays: list[float]) -> list[dict]:
+    rows = []
+    settings = [("no delay", None, False)] + [
+        (scheme, 2 * d, ahead) for d in delays for scheme, ahead in SCHEMES.items()
+    ]
+    for name, policy in policies.items():
+        for scheme, round_trip, ahead in settings:
+            report = evaluate(
+                policy, env, episodes, max_steps=max_steps, delay_ms=round_trip, ahead=ahead, progress=False
+            )
+            row = {
+                "policy": name,
+                "path": policy,
+                "scheme": scheme,
+                "delay_ms_each_way": None if round_trip is None else round_trip / 2,
+                **{k: report.get(k) for k in ("success_rate", "episodes", "decode_ms", "delay_steps")},
+                **{k: report[k] for k in ("held_steps_mean", "switch_jump_mean", "step_change_mean", "mean_length")},
+                "successes": report["successes"],
+            }
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "successes"}), flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """One line per (delay, scheme): the mean over policies and each policy's success."""
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["delay_ms_each_way"], r["scheme"]), []).append(r)
+    out = []
+    for (delay, scheme), rs in cells.items():
+        rates = [r["success_rate"] for r in rs]
+        out.append(
+            {
+                "delay_ms_each_way": delay,
+                "scheme": scheme,
+                "mean": float(np.mean(rates)),
+                "std": float(np.std(rates, ddof=1)) if len(rates) > 1 else None,
+                "per_policy": {r["policy"]: r["success_rate"] for r in rs},
+                "delay_steps": sorted({r["delay_steps"] for r in rs if r["delay_steps"] is not None}),
+                "held": float(np.mean([r["held_steps_mean"] for r in rs])),
+                "jump": float(np.mean([r["switch_jump_mean"] for r in rs])),
+                "within": float(np.mean([r["step_change_mean"] for r in rs])),
+            }
+        )
+    return out
+
+
+def markdown(cells: list[dict], args) -> str:
+    lines = [
+        "# Closed-loop success behind a network delay (`scripts/delay_table.py`)",
+        "",
+        f"{args.env}, {args.episodes} episodes per policy and setting (at most {args.max_steps} steps), "
+        f"{len(args.policy)} policies (training seeds): {', '.join(args.policy)}. A reply arrives the round trip (twice "
+        "the one-way delay) plus the measured decode time after its observation, in control steps at the simulator's "
+        "rate; the simulator steps meanwhile (`vla eval --delay-ms`). *When empty*: the robot asks when its chunk has "
+        "run and holds until the reply; *ahead*: it asks that many actions early and skips the reply's actions for "
+        "the steps that ran meanwhile. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "
+        "chunks in brackets).",
+        "",
+        "| delay each way | scheme | steps late | mean success | std (policies) | per policy | steps held an episode | "
+        "jump at the hand-over |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in cells:
+        delay = "none" if c["delay_ms_each_way"] is None else f"{c['delay_ms_each_way']:g} ms"
+        std = "n/a" if c["std"] is None else f"{100 * c['std']:.1f} pts"
+        per = ", ".join(f"{k}: {v:.0%}" for k, v in c["per_policy"].items())
+        steps = "/".join(str(s) for s in c["delay_steps"]) or "0"
+        lines.append(
+            f"| {delay} | {c['scheme']} | {steps} | **{c['mean']:.0%}** | {std} | {per} | {c['held']:.1f} | "
+            f"{c['jump']:.3f} ({c['within']:.3f}) |"
+        )
+    return "\n".join(lines) + "\n\n![success against delay](delay.png)\n"
+
+
+def plot(cells: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    base = next((c for c in cells if c["delay_ms_each_way"] is None), None)
+    for scheme in SCHEMES:
+        pts = sorted((c["delay_ms_each_way"], c["mean"]) for c in cells if c["scheme"] == scheme)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=scheme)
+    if base is not None:
+        ax.axhline(base["mean"], color="grey", ls="--", label="no delay")
+    ax.set(xlabel="delay each way (ms)", ylabel="success (mean over policies)", ylim=(0, 1.05))
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policy", action="append", required=True, help="NAME=POLICY_FOLDER, one per training seed")
+    parser.add_argument("--env", default="metaworld/push-v3")
+    parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--delays", default="0,50,100,200", help="one-way delays in ms")
+    parser.add_argument("--out", type=Path, default=Path("results/delay"))
+    args = parser.parse_args()
+    policies = dict(p.split("=", 1) for p in args.policy)
+    rows = run(policies, args.env, args.episodes, args.max_steps, [float(d) for d in args.delays.split(",")])
+    cells = table(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    record = {"rows": rows, "cells": cells, "provenance": provenance(config=config, threads=1)}
+    atomic_write_text(args.out / "delay.json", json.dumps(record, indent=2) + "\n")
+    atomic_write_text(args.out / "README.md", markdown(cells, args))
+    plot(cells, args.out / "delay.png")
+    print(f"wrote {args.out}/delay.json, README.md and delay.png")
+
+
+if __name__ == "__main__":
+    main()
