@@ -1,0 +1,201 @@
+"""Where a closed-loop cell's time goes: training steps (per recipe) and evaluation episodes, each stage's share of
+the wall time, from timers put around the functions that make each stage.
+
+    python scripts/profile_cell.py [--recipes fast,images,aloha] [--steps 60] [--episodes 10] [--out results/profile]
+
+Training: ``vla train`` (``configs/<recipe>.yaml``, batch 32, no held-out episodes, ``--num_workers=0``, one torch
+thread) on ``scripts/bench_train.py``'s small datasets, ``--steps`` steps, in this process. Evaluation: the policy
+that training saved, in its simulator for ``--episodes`` episodes, 10 at a time (as ``vla eval``); an untrained-ish
+policy's episodes run to the step limit, so per-step shares are what to read. Each stage is the wall time spent inside
+its functions (outermost calls only: a recursive or nested call is not counted twice); stages nest where the code
+nests (the prefill and the decoding loop are inside the policy's call), so they are not meant to sum to 100%. On the
+CPU torch runs synchronously, so a function's wall time is its work. Writes ``profile.json`` and ``README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_train import RECIPES, ensure_datasets  # noqa: E402  (the datasets the training benchmark records)
+
+# stage -> the functions (module, attribute path) whose wall time makes it
+TRAIN_STAGES = {
+    "batches (loading, tokenising, packing)": [("torch.utils.data.dataloader", "_BaseDataLoaderIter.__next__")],
+    "forward (loss)": [("vla.policy.modeling_vla", "VLAPolicy.forward")],
+    "backward": [("accelerate", "Accelerator.backward")],
+    "gradient clipping": [("accelerate", "Accelerator.clip_grad_norm_")],
+    "optimizer step": [("torch.optim", "AdamW.step")],
+    "EMA update": [("torch", "Tensor.lerp_")],
+    "policy built (normalisers, tokenizer fit)": [("vla.train", "build_policy")],
+    "checkpoints and the final save": [
+        ("vla.train", "save_checkpoint"),
+        ("vla.policy.modeling_vla", "VLAPolicy.save_pretrained"),
+    ],
+}
+EVAL_STAGES = {
+    "simulator steps": [("vla.sim.metaworld_env", "MetaWorldEnv.step"), ("vla.sim.aloha_env", "AlohaEnv.step")],
+    "  rendering the cameras (inside the steps)": [
+        ("vla.sim.metaworld_env", "MetaWorldEnv.render"),
+        ("vla.sim.aloha_env", "AlohaEnv.render"),
+    ],
+    "resets": [("vla.sim.metaworld_env", "MetaWorldEnv.reset"), ("vla.sim.aloha_env", "AlohaEnv.reset")],
+    "the policy's calls (batches of observations)": [("vla.evaluate", "ChunkPolicy.predict")],
+    "  prefill": [("vla.model.lean", "LeanSteps.prefill")],
+    "  decoding loop (prefill included)": [("vla.model.decode", "_decode"), ("vla.model.decode", "_decode_parallel")],
+    "  actions from ids (tokenizer decode)": [
+        ("action_tokenizers.fast", "FASTTokenizer.decode"),
+        ("action_tokenizers.binning", "BinningTokenizer.decode"),
+        ("action_tokenizers.beast", "BEASTTokenizer.decode"),
+    ],
+}
+
+
+@contextmanager
+def timed(stages: dict[str, list[tuple[str, str]]]):
+    """Wall seconds per stage while the block runs (``totals`` filled in as it goes)."""
+    totals = {name: 0.0 for name in stages}
+    depth = {name: 0 for name in stages}
+    undo = []
+    for name, targets in stages.items():
+        for module, path in targets:
+            try:
+                owner = importlib.import_module(module)
+                *parents, attr = path.split(".")
+                for part in parents:
+                    owner = getattr(owner, part)
+                original = getattr(owner, attr)
+            except (ImportError, AttributeError):
+                continue  # not in this code (a back-end or simulator the recipe does not use)
+
+            def wrapper(*args, __original=original, __name=name, **kwargs):
+                depth[__name] += 1
+                start = time.perf_counter()
+                try:
+                    return __original(*args, **kwargs)
+                finally:
+                    depth[__name] -= 1
+                    if depth[__name] == 0:
+                        totals[__name] += time.perf_counter() - start
+
+            functools.update_wrapper(wrapper, original)
+            setattr(owner, attr, wrapper)
+            undo.append((owner, attr, original))
+    try:
+        yield totals
+    finally:
+        for owner, attr, original in reversed(undo):
+            setattr(owner, attr, original)
+
+
+def measured(fn, stages):
+    with timed(stages) as totals:
+        start = time.perf_counter()
+        result = fn()
+        wall = time.perf_counter() - start
+    return result, wall, dict(totals)
+
+
+def profile_recipe(recipe: str, dataset: Path, steps: int, episodes: int, out: Path) -> dict:
+    from vla import evaluate, train
+    from vla.config import load_config
+
+    config = RECIPES[recipe][0]
+    cfg = load_config(
+        str(ROOT / "configs" / f"{config}.yaml"),
+        [
+            f"--dataset_root={dataset}",
+            f"--output_dir={out / recipe}",
+            f"--steps={steps}",
+            f"--save_every={steps}",
+            "--log_every=10",
+            "--heldout_episodes=0",
+            "--num_workers=0",
+            "--progress=false",
+            "--batch_size=32",
+        ],
+    )
+    summary, wall, stages = measured(lambda: train.main(cfg), TRAIN_STAGES)
+    training = {"wall_s": wall, "steps": steps, "samples_per_s": summary["samples_per_s"], "stages_s": stages}
+    env = "aloha/transfer-cube" if recipe == "aloha" else "metaworld/push-v3"
+    report, wall, stages = measured(
+        lambda: evaluate.evaluate(summary["policy_path"], env, episodes, num_envs=10, progress=False), EVAL_STAGES
+    )
+    evaluation = {
+        "wall_s": wall,
+        "episodes": episodes,
+        "steps": int(sum(report["lengths"])),
+        "chunks": report["chunks"],
+        "stages_s": stages,
+    }
+    return {"train": training, "eval": evaluation}
+
+
+def markdown(record: dict) -> str:
+    lines = [
+        "# Where a closed-loop cell's time goes (`scripts/profile_cell.py`)",
+        "",
+        f"One torch thread; wall time inside each stage's functions (stages nest as the code does). "
+        f"Load average {record['load_average']} (shares hold better than seconds on a loaded machine).",
+        "",
+    ]
+    for recipe, parts in record["recipes"].items():
+        t, e = parts["train"], parts["eval"]
+        lines += [
+            f"## {recipe}",
+            "",
+            f"Training: {t['steps']} steps of batch 32 in {t['wall_s']:.1f} s ({t['samples_per_s']:.0f} samples/s "
+            f"in the loop). Evaluation: {e['episodes']} episodes, {e['steps']} simulator steps, "
+            f"{e['chunks']} chunks in {e['wall_s']:.1f} s.",
+            "",
+            "| part | stage | seconds | share |",
+            "| --- | --- | --- | --- |",
+        ]
+        for part, p in (("train", t), ("eval", e)):
+            for stage, s in p["stages_s"].items():
+                lines.append(f"| {part} | {stage} | {s:.2f} | {s / p['wall_s']:.0%} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipes", default="fast,images,aloha")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("results/profile"))
+    args = parser.parse_args()
+    import torch
+
+    from vla.io import atomic_write_text
+    from vla.provenance import provenance
+
+    torch.set_num_threads(1)
+    recipes = args.recipes.split(",")
+    roots = ensure_datasets(recipes)
+    record = {"recipes": {}, "load_average": None}
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for recipe in recipes:
+            record["recipes"][recipe] = profile_recipe(recipe, roots[recipe], args.steps, args.episodes, Path(tmp))
+            print(recipe, json.dumps(record["recipes"][recipe], indent=1))
+    record["load_average"] = round((load + os.getloadavg()[0]) / 2, 2)
+    record["provenance"] = provenance(config=vars(args) | {"out": str(args.out)}, threads=1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out / "profile.json", json.dumps(record, indent=2, default=str) + "\n")
+    atomic_write_text(args.out / "README.md", markdown(record))
+
+
+if __name__ == "__main__":
+    main()
