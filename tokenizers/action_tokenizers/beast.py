@@ -188,15 +188,16 @@ class BEASTTokenizer(ActionTokenizer):
     def control_points(self, chunks: np.ndarray) -> np.ndarray:
         """``[B, N, D]`` fitted control points, before clipping and quantisation.
 
-        Never NaN: a chunk whose fit overflows (values near the float limit) is fitted scaled down by a power of two
-        (exact) and scaled back, so an out-of-range control point is +-inf with its sign, and clips to the edge bin.
+        Never NaN: a chunk whose fit overflows (values near the float limit) is fitted with each dimension scaled down
+        by a power of two (exact; each dimension's fit is its own, so a huge dimension leaves the others' bits alone)
+        and scaled back, so an out-of-range control point is +-inf with its sign, and clips to the edge bin.
         """
         arr = as_chunk_batch(chunks, time_horizon=self.time_horizon, action_dim=self.action_dim)
         with np.errstate(over="ignore", invalid="ignore"):
             cp = np.einsum("nt,btd->bnd", self.encoder, arr)
         bad = ~np.isfinite(cp).all(axis=(1, 2))
         if bad.any():
-            s = np.ldexp(1.0, np.frexp(np.abs(arr[bad]).max(axis=(1, 2)))[1] - 1)[:, None, None]  # [R, 1, 1]
+            s = np.ldexp(1.0, np.frexp(np.abs(arr[bad]).max(axis=1))[1] - 1)[:, None, :]  # [R, 1, D]
             with np.errstate(over="ignore"):
                 cp[bad] = np.einsum("nt,btd->bnd", self.encoder, arr[bad] / s) * s
         return cp
