@@ -129,6 +129,7 @@ class DelayedQueue:
         self._stop = 0  # its planned actions end here (n_action_steps); later ones run only while a reply is late
         self._reply: Any = None  # the chunk on its way
         self._wait = 0  # steps until it arrives
+        self._skip = 0  # its first actions to drop on arrival (ahead: the steps that ran while it was on its way)
         self._new = False  # the running chunk's first action has not run yet
         self.switched = False
 
