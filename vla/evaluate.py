@@ -71,13 +71,15 @@ class ChunkPolicy:
         self.tokens.extend(np.asarray(info["tokens_per_chunk"]).tolist())
         return chunks
 
-    def single_latencies(self) -> np.ndarray:
-        """Milliseconds per chunk for the kept observations, one at a time (after one untimed warm-up call)."""
-        if not self.samples:
+    def single_latencies(self, observations: list[dict[str, Any]] | None = None) -> np.ndarray:
+        """Milliseconds per chunk for ``observations`` (default: the kept ones), one at a time, after one untimed
+        warm-up call."""
+        observations = self.samples if observations is None else observations
+        if not observations:
             return np.zeros(0)
-        self.predict(self.samples[:1])
+        self.predict(observations[:1])
         times = []
-        for obs in self.samples:
+        for obs in observations:
             start = time.perf_counter()
             self.predict([obs])
             times.append((time.perf_counter() - start) * 1000)
@@ -87,14 +89,7 @@ class ChunkPolicy:
 def decode_time(runner: ChunkPolicy, env: Any, seed: int, reps: int = 5) -> float:
     """Milliseconds the policy takes for one observation (the median of ``reps`` calls after a warm-up), on the
     observation ``env`` starts from on ``seed``: the decode part of a delayed reply."""
-    obs = env.reset(seed)
-    runner.predict([obs])
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        runner.predict([obs])
-        times.append((time.perf_counter() - start) * 1000)
-    return float(np.median(times))
+    return float(np.median(runner.single_latencies([env.reset(seed)] * reps)))
 
 
 def training_recording(policy_dir: str | Path) -> dict[str, Any]:
