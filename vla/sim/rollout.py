@@ -4,7 +4,8 @@ A policy is any callable ``policy_fn(obs) -> actions [T, D]`` (numpy or torch; a
 read as T = 1). The loop executes the first ``n_action_steps`` actions of each chunk (all of them when None),
 then asks again, or with ``ensemble`` asks every ``n_action_steps`` (default 1) and runs ACT's temporal ensemble of
 the overlapping chunks (``vla.execution``). With ``delay_steps`` a chunk arrives that many steps after it was asked
-for, the simulator stepping meanwhile (``vla.execution.DelayedQueue``), as behind a network and a slow decode. An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
+for, the simulator stepping meanwhile (``vla.execution.DelayedQueue``), as behind a network and a slow decode.
+An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
 evaluation (``vla.evaluate``) use the same loop, so the expert scores the same here as it did there.
 """
 
