@@ -76,8 +76,8 @@ class TrackedEnv:
         self.log[self.seed] = {"positions": [self.env.position.copy()], "outcome": None}
         return obs
 
-    def step(self, action):
-        obs, reward, done, info = self.env.step(action)
+    def step(self, action, render=True):
+        obs, reward, done, info = self.env.step(action, render)
         episode = self.log[self.seed]
         episode["positions"].append(self.env.position.copy())
         if done:

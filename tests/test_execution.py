@@ -81,7 +81,7 @@ class CountingEnv:
         self.x, self.t = 0.0, 0
         return {"observation.state": np.array([self.x])}
 
-    def step(self, action):
+    def step(self, action, render=True):
         self.x += float(action[0])
         self.t += 1
         done = self.t >= self.max_steps

@@ -103,7 +103,7 @@ def test_rollouts_show_the_policy_the_history(history_policy):
             self.t = 0
             return {OBS_STATE: np.array([0.0]), "task": "count"}
 
-        def step(self, action):
+        def step(self, action, render=True):
             self.t += 1
             return {OBS_STATE: np.array([float(self.t)]), "task": "count"}, 0.0, self.t >= 5, {"success": False}
 

@@ -155,6 +155,56 @@ def test_batched_episodes_match_one_at_a_time():
     assert max(batch.batch_sizes) == 3 and sum(batch.batch_sizes) == sum(-(-r.length // 2) for r in one_by_one)
 
 
+class SeesCamera:
+    """A chunk policy that moves by the expert and keeps every camera image it was shown."""
+
+    def __init__(self, key: str, horizon: int):
+        self.key, self.chunk, self.seen = key, RepeatChunk(horizon), []
+
+    def __call__(self, obs):
+        self.seen.append(obs[self.key].copy())
+        return self.chunk(obs)
+
+
+class AlwaysRenders:
+    """An env that draws its cameras at every step, whatever the rollout asks (the loop before on-demand drawing)."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action, render=True):
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("delay", [{}, {"delay_steps": 2, "ahead": True}])
+def test_rollout_draws_only_the_frames_the_policy_is_shown(monkeypatch, delay):
+    """Each camera frame is drawn only for an observation the policy sees (one step in n_action_steps), and the
+    policy sees exactly the images, and the episodes end exactly as, when every step is drawn."""
+    key = "observation.images.workspace"
+    seeds = [EVAL_SEED_START + 30, EVAL_SEED_START + 31]
+    runs = {}
+    for always in (True, False):
+        with make_env(PUSH, image_keys=[key], image_size=24, observation="proprio", max_steps=30) as env:
+            drawn = []
+            render = env.render
+            monkeypatch.setattr(env, "render", lambda k: drawn.append(k) or render(k))
+            policy = SeesCamera(key, horizon=6)
+            results = run_episodes(
+                [AlwaysRenders(env) if always else env], lambda o: [policy(o[0])], seeds, n_action_steps=3, **delay
+            )
+            runs[always] = results, policy.seen, len(drawn)
+    (every_results, every_seen, every_drawn), (results, seen, drawn) = runs[True], runs[False]
+    assert results == every_results and len(seen) == len(every_seen)
+    for shown, reference in zip(seen, every_seen):
+        np.testing.assert_array_equal(shown, reference)
+    assert every_drawn == sum(r.length for r in results) + len(seeds)  # every step and every reset
+    # One frame per chunk asked for; at most one more per episode (its last step's, when the episode ended there).
+    assert len(seen) <= drawn <= len(seen) + len(seeds) and drawn < every_drawn / 2
+
+
 def test_batched_episodes_reject_a_short_batch():
     with make_env(REACH, max_steps=5) as env:
         with pytest.raises(ValueError, match="returned 0 chunks for 1 observations"):

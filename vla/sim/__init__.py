@@ -3,6 +3,7 @@
     env = make_env("metaworld/push-v3", image_keys=["observation.images.corner2"], image_size=128)
     obs = env.reset(seed=EVAL_SEED_START)        # a dict with a dataset sample's keys (vla.data.reader's contract)
     obs, reward, done, info = env.step(action)   # action float [env.action_dim]; info["success"]: bool
+    env.step(action, render=False)                # the same step, its cameras not drawn (nobody looks at them)
     expert = make_expert("metaworld/push-v3")    # expert.reset(seed); expert(obs) -> actions [k, D]
 
 A simulator family is one module that calls ``register(Family(...))`` (``vla.sim.metaworld_env`` for Meta-World);
@@ -46,7 +47,9 @@ class Env(Protocol):
 
     def reset(self, seed: int) -> dict[str, Any]: ...
 
-    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, dict[str, Any]]: ...
+    # ``render=False``: the caller will not look at this observation's cameras, so none is drawn and the observation
+    # carries no image (a rollout renders only the observations a policy is shown).
+    def step(self, action: Any, render: bool = True) -> tuple[dict[str, Any], float, bool, dict[str, Any]]: ...
 
     def hold_action(self, last: Any) -> Any: ...  # what runs while a chunk is late (``Episode.hold_action``)
 
@@ -131,10 +134,13 @@ def checked_action(action: Any, action_dim: int, running: bool, what: str) -> An
 class Episode:
     """What every simulator's step loop shares, written once: an episode begun from a checked seed (``begin``), each
     action checked while one runs (``checked``), its end counted (``end_step``: success, failure or the step limit),
-    and the renderer released by ``close`` (also as ``with env: ...``). A simulator sets ``max_steps`` and, when it
-    renders, ``_renderer``."""
+    the cameras drawn into an observation (``with_images``) and the renderer released by ``close`` (also as
+    ``with env: ...``). A simulator sets ``max_steps`` and, when it renders, ``image_keys``, ``last_frames``,
+    ``render(key)`` and ``_renderer``."""
 
     max_steps: int
+    image_keys: list[str] | tuple[str, ...] = ()
+    last_frames: dict[str, Any]
     _renderer: Any = None
     _steps: int = 0
     _done: bool = True
@@ -156,6 +162,20 @@ class Episode:
         truncated = bool(cut) or self._steps >= self.max_steps
         self._done = bool(success or failed or truncated)
         return self._done, truncated
+
+    def with_images(self, obs: dict[str, Any], render: bool = True) -> dict[str, Any]:
+        """``obs`` with each camera's image now (float32 [3, H, W] in [0, 1], LeRobot's layout; the uint8 [H, W, 3]
+        frame behind it, what a recording stores, in ``last_frames``). With ``render`` False nothing is drawn: the
+        observation carries no image and ``last_frames`` is emptied, so no stale frame passes for this step's."""
+        self.last_frames.clear()
+        if render:
+            for key in self.image_keys:
+                self.last_frames[key] = frame = self.render(key)
+                obs[key] = frame.transpose(2, 0, 1).astype("float32") / 255.0
+        return obs
+
+    def render(self, key: str) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no cameras")
 
     def hold_action(self, last: Any) -> Any:
         """What the robot runs while it waits for a late chunk, given the last action it ran: by default that action

@@ -310,8 +310,9 @@ class AlohaEnv(Episode):
         self.clipped_steps = 0
         return self._observe()
 
-    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
-        """Apply one action (float [14], clipped to the bounds) for 0.02 s; return ``(obs, reward, done, info)``."""
+    def step(self, action: np.ndarray, render: bool = True) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
+        """Apply one action (float [14], clipped to the bounds) for 0.02 s; return ``(obs, reward, done, info)``, the
+        cameras drawn only when ``render``."""
         action = self.checked(action, ACTION_DIM, "ALOHA actions (6 joints + gripper per arm)")
         clipped = np.clip(action, self.action_low, self.action_high)
         self.clipped_steps += int(np.any(clipped != action))
@@ -321,7 +322,7 @@ class AlohaEnv(Episode):
         reward = self._stages(self.data)
         success = reward == MAX_REWARD
         done, truncated = self.end_step(success)
-        return self._observe(), float(reward), done, {"success": success, "truncated": truncated}
+        return self._observe(render), float(reward), done, {"success": success, "truncated": truncated}
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -332,14 +333,10 @@ class AlohaEnv(Episode):
         self._renderer.update_scene(self.data, camera=key.removeprefix(IMAGE_PREFIX))
         return self._renderer.render().copy()
 
-    def _observe(self) -> dict[str, Any]:
+    def _observe(self, render: bool = True) -> dict[str, Any]:
         objects = [self.data.qpos[where] for where in self._objects] if self.observation == "privileged" else []
         state = np.concatenate([joint_state(self.data), *objects]).astype(np.float32)
-        obs: dict[str, Any] = {OBS_STATE: state, "task": self.task_text}
-        for key in self.image_keys:
-            self.last_frames[key] = frame = self.render(key)  # uint8 [H, W, 3], what a recording stores
-            obs[key] = frame.transpose(2, 0, 1).astype(np.float32) / 255.0  # float32 [3, H, W], LeRobot's layout
-        return obs
+        return self.with_images({OBS_STATE: state, "task": self.task_text}, render)
 
     def _make_renderer(self):
         import mujoco

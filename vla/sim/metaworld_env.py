@@ -237,13 +237,14 @@ class MetaWorldEnv(Episode):
         """Holding still: no displacement, the gripper's last effort kept (an open or closed hand stays so)."""
         return np.concatenate([np.zeros(3), np.asarray(last, dtype=np.float64)[3:]])
 
-    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
-        """Apply one action (float [4], clipped to [-1, 1]); return ``(obs, reward, done, info)``."""
+    def step(self, action: np.ndarray, render: bool = True) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
+        """Apply one action (float [4], clipped to [-1, 1]); return ``(obs, reward, done, info)``, the cameras drawn
+        only when ``render``."""
         action = self.checked(action, ACTION_DIM, "Meta-World actions")
         raw, reward, _, cut, info = self._env.step(np.clip(action, -1.0, 1.0))
         success = bool(info.get("success", 0.0))
         done, truncated = self.end_step(success, cut=bool(cut))
-        return self._observe(raw), float(reward), done, {"success": success, "truncated": truncated}
+        return self._observe(raw, render), float(reward), done, {"success": success, "truncated": truncated}
 
     def close(self) -> None:
         super().close()
@@ -266,7 +267,7 @@ class MetaWorldEnv(Episode):
             image = image[::-1, ::-1]
         return np.ascontiguousarray(image)
 
-    def _observe(self, raw: np.ndarray) -> dict[str, Any]:
+    def _observe(self, raw: np.ndarray, render: bool = True) -> dict[str, Any]:
         obs: dict[str, Any] = {OBS_STATE: raw.astype(np.float32), "task": self.task_text}
         if self.observation != "privileged":  # agent_pos; the expert still reads the whole observation
             obs = {
@@ -274,10 +275,7 @@ class MetaWorldEnv(Episode):
                 "task": self.task_text,
                 EXPERT_STATE: raw.astype(np.float32),
             }
-        for key in self.image_keys:
-            self.last_frames[key] = frame = self.render(key)  # uint8 [H, W, 3], what a recording stores
-            obs[key] = frame.transpose(2, 0, 1).astype(np.float32) / 255.0  # float32 [3, H, W], LeRobot's layout
-        return obs
+        return self.with_images(obs, render)
 
     def _make_lerobot_renderer(self):
         """Meta-World's own renderer (gymnasium's ``MujocoRenderer``) on LeRobot's camera and at LeRobot's position,

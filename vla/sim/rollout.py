@@ -5,7 +5,8 @@ read as T = 1). The loop executes the first ``n_action_steps`` actions of each c
 then asks again, or with ``ensemble`` asks every ``n_action_steps`` (default 1) and runs ACT's temporal ensemble of
 the overlapping chunks (``vla.execution``). With ``delay_steps`` a chunk arrives that many steps after it was asked
 for, the simulator stepping meanwhile (``vla.execution.DelayedQueue``), as behind a network and a slow decode.
-An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
+The cameras are drawn only for the observations a policy is shown (``Env.step(render=...)``): the first of each
+chunk, one step in ``n_action_steps``. An episode ends on success or at the env's ``max_steps``; recording (``vla.sim.record``) and
 evaluation (``vla.evaluate``) use the same loop, so the expert scores the same here as it did there.
 """
 
@@ -144,7 +145,8 @@ def run_episodes(
     actions early with the reply's first d actions skipped (``vla.execution.DelayedQueue``). d = 0 (and not
     ``ahead``) is exactly the loop without a delay.
 
-    ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]``; ``on_episode``
+    ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]`` (every observation
+    then has its cameras; without it only those the policy is shown are drawn); ``on_episode``
     sees each result as it ends (for a progress bar). A batch policy must keep no per-episode state: chunks are
     executed by this loop, not queued in the policy.
     """
@@ -187,7 +189,10 @@ def run_episodes(
             action = run.act(envs[e])
             if on_step is not None:
                 on_step(run.index, run.obs, action)
-            obs, reward, done, info = envs[e].step(action)
+            # The next observation is shown to the policy only when the executor wants a chunk at the next tick
+            # (nothing else changes it before then), so only then are its cameras drawn.
+            shown = on_step is not None or run.actions.needs_chunk()
+            obs, reward, done, info = envs[e].step(action, render=shown)
             run.observe(obs)
             run.ret += reward
             run.length += 1

@@ -114,7 +114,7 @@ class ToyObstacleEnv(Episode):
         """Holding still: zero velocity."""
         return np.zeros(ACTION_DIM)
 
-    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
+    def step(self, action: Any, render: bool = True) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Move by ``STEP * clip(action)``; return ``(obs, reward, done, info)`` (info: success, collision, truncated)."""
         action = self.checked(action, ACTION_DIM, "toy actions (a velocity)")
         start = self.position
