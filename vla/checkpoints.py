@@ -6,6 +6,11 @@
       checkpoints/step_*/      policy, optimiser, EMA and random state; the newest ``keep_last`` are kept
       checkpoints/last.json    which checkpoint is the newest
       policy/                  the final policy (EMA weights)
+      loss.png                 the training loss
+      heldout.json, heldout.png, offline_report.{json,md,png}   with held-out episodes (``vla.heldout``)
+
+``vla.run_folder.RunFolder`` names these files once, for the trainer, the study runner, the defaults and the
+evaluation.
 
 ``prepare_run`` is called before any work: it checks that ``output_dir`` can be written; a fresh start refuses a
 folder that already holds a run (unless told to overwrite it), but starts again in place a run that saved nothing to
@@ -29,24 +34,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla.io import atomic_directory, atomic_write_text, read_json
+from vla.run_folder import CHECKPOINTS, CONFIG, LAST, METRICS, POLICY, RUN_FILES
 
-CHECKPOINTS = "checkpoints"
-LAST = "last.json"
-CONFIG = "train_config.json"
-METRICS = "metrics.jsonl"
 FORMAT_VERSION = 1
-RUN_FILES = (
-    CHECKPOINTS,
-    CONFIG,
-    METRICS,
-    "policy",
-    "loss.png",
-    "heldout.json",
-    "heldout.png",
-    "offline_report.json",
-    "offline_report.md",
-    "offline_report.png",
-)
 # Settings a resumed run may change: how long, how often it saves and logs, how it loads data, what it shows.
 # output_dir is the folder being resumed, however it is spelled (a run folder may move).
 CHANGEABLE = {
@@ -170,7 +160,7 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
     holds = [name for name in RUN_FILES if (run / name).exists()]
     # A run that saved nothing to resume from (stopped, diverged or out of space before its first checkpoint) left
     # only its config and first metrics rows: starting it again in place loses nothing.
-    unsaved = bool(holds) and not any((run / CHECKPOINTS).glob("step_*")) and not (run / "policy").exists()
+    unsaved = bool(holds) and not any((run / CHECKPOINTS).glob("step_*")) and not (run / POLICY).exists()
     if not resume:
         if holds and not overwrite and not unsaved:
             raise ValueError(

@@ -42,9 +42,8 @@ from vla.data.stats import frame_stats
 from vla.data.torch_dataset import ActionChunkDataset
 from vla.io import atomic_write_text
 from vla.policy.pipeline import IMAGES, SEQUENCE, current_state, packed, run
+from vla.run_folder import RunFolder
 
-REPORT = "offline_report"  # .json, .md, .png in the run folder
-CURVES = "heldout.png"
 BATCH = 64  # chunks decoded at once
 LATENCY_CHUNKS = 16  # single-observation decodes timed for the report
 
@@ -267,7 +266,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> None:
-    """``offline_report.json``, ``.md`` and ``.png`` (error per dimension and per horizon step, with the baselines)."""
+    """``offline_report.json``, ``.md`` and ``.png`` in the run folder ``out_dir`` (error per dimension and per horizon
+    step, with the baselines)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -277,15 +277,15 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
     if "provenance" not in report:  # what produced it: the run's config (beside the report) and its dataset
         from vla.provenance import provenance
 
-        config_file = out_dir / "train_config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else None
+        config = RunFolder(out_dir).train_config()
         root = report.get("dataset")
         report = {
             **report,
             "provenance": provenance(config=config, dataset=root if root and Path(root).is_dir() else None),
         }
-    atomic_write_text(out_dir / f"{REPORT}.json", json.dumps(report, indent=2) + "\n")
-    atomic_write_text(out_dir / f"{REPORT}.md", markdown(report))
+    run_folder = RunFolder(out_dir)
+    atomic_write_text(run_folder.report(".json"), json.dumps(report, indent=2) + "\n")
+    atomic_write_text(run_folder.report(".md"), markdown(report))
     rows = {"policy": report["policy"], **{k: v for k, v in report["baselines"].items() if v is not None}}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(rows)
@@ -304,17 +304,14 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / f"{REPORT}.png", dpi=120)
+    fig.savefig(run_folder.report(".png"), dpi=120)
     plt.close(fig)
 
 
-def plot_curves(metrics_file: Path, out: Path) -> None:
-    """Training loss (and held-out loss) and held-out RMSE against the step, the baselines as lines."""
-    rows = (
-        [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-        if metrics_file.is_file()
-        else []
-    )
+def plot_curves(run_folder: RunFolder) -> None:
+    """Training loss (and held-out loss) and held-out RMSE against the step, the baselines as lines (``heldout.png``
+    in the run folder)."""
+    rows = run_folder.metrics_rows()
     evals = [r for r in rows if r.get("heldout_rmse") is not None]
     if not evals:
         return
@@ -336,5 +333,5 @@ def plot_curves(metrics_file: Path, out: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(run_folder.heldout_plot, dpi=120)
     plt.close(fig)

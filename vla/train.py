@@ -24,6 +24,7 @@ import dataclasses
 import json
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,29 +34,28 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
-from vla.checkpoints import (
-    CHECKPOINTS,
-    CONFIG,
-    METRICS,
-    latest_checkpoint,
-    load_checkpoint,
-    prepare_run,
-    save_checkpoint,
-)
+from vla.checkpoints import latest_checkpoint, load_checkpoint, prepare_run, save_checkpoint
 from vla.config import TrainConfig
 from vla.data import columns, reader
 from vla.data.torch_dataset import ActionChunkDataset, choose_backend
-from vla.heldout import CURVES, Heldout, plot_curves, write_report
+from vla.heldout import Heldout, plot_curves, write_report
 from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
 from vla.policy.factory import build_policy, check_finetuning
 from vla.policy.pipeline import Collate
-
-HELDOUT = "heldout.json"  # the run's held-out (and training) episode ids
+from vla.run_folder import RunFolder
 
 
 class Diverged(RuntimeError):
     """Training met a non-finite loss or gradient norm."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in the training loop; ``step`` is the last step it finished."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"stopped after step {step}")
+        self.step = step
 
 
 class StepBatchSampler(Sampler[list[int]]):
@@ -134,26 +134,43 @@ def _one_thread(_: int) -> None:
     torch.set_num_threads(1)  # a worker tokenises one batch at a time; threads would fight the main process
 
 
-def copy_ema(model: torch.nn.Module, ema: dict[str, torch.Tensor]) -> None:
-    """Load the EMA weights into ``model`` (the weights the saved policy carries)."""
+class EMA:
+    """An exponential moving average of the trainable weights: the weights the saved policy carries. Its decay warms
+    up as ``min(decay, (1 + step) / (10 + step))``, so that the first steps' weights do not dominate."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], decay: float) -> None:
+        self.tensors, self.decay = tensors, decay
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, decay: float) -> EMA:
+        return cls({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}, decay)
+
+    def update(self, model: torch.nn.Module, step: int) -> None:
+        decay = min(self.decay, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in self.tensors:
+                    self.tensors[name].lerp_(p.detach(), 1 - decay)
+
+    def copy_into(self, model: torch.nn.Module) -> None:
+        _copy_weights(model, self.tensors)
+
+    @contextlib.contextmanager
+    def swapped_in(self, model: torch.nn.Module):
+        """The EMA weights in ``model`` for the block; its own weights restored after."""
+        own = {n: p.detach().clone() for n, p in model.named_parameters() if n in self.tensors}
+        self.copy_into(model)
+        try:
+            yield
+        finally:
+            _copy_weights(model, own)
+
+
+def _copy_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name in ema:
-                p.copy_(ema[name])
-
-
-@contextlib.contextmanager
-def ema_weights(model: torch.nn.Module, ema: dict[str, torch.Tensor] | None):
-    """The EMA weights in ``model`` for the block; its own weights restored after."""
-    if ema is None:
-        yield
-        return
-    own = {n: p.detach().clone() for n, p in model.named_parameters() if n in ema}
-    copy_ema(model, ema)
-    try:
-        yield
-    finally:
-        copy_ema(model, own)
+            if name in weights:
+                p.copy_(weights[name])
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -161,9 +178,134 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
 
 
-# --- the loop --------------------------------------------------------------------------------------------------
+@dataclass
+class Optimization:
+    """What takes a step: the optimiser over the trainable parameters, its schedule and the gradient clip."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    params: list[torch.nn.Parameter]
+    clip_norm: float
+
+
+@dataclass
+class Progress:
+    """Where the loop got to: the last step taken, the logged losses, samples seen and seconds spent."""
+
+    step: int
+    losses: list[float] = field(default_factory=list)
+    seen: int = 0
+    seconds: float = 0.0
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
 def main(cfg: TrainConfig) -> dict[str, Any]:
     """Train; returns a summary (final loss, samples/s, paths). Importable so tests can run it."""
+    accelerator = make_accelerator(cfg)
+    cfg, info, train_eps, heldout_eps = resolve(cfg, accelerator)
+    run = RunFolder(cfg.output_dir)
+    encoded, resume_from = start_run(run, cfg, accelerator)
+    torch.manual_seed(cfg.seed)
+    policy = VLAPolicy.from_pretrained(resume_from / "policy") if resume_from else build_policy(cfg, info, train_eps)
+    policy.train()
+    if not resume_from:
+        say_choices(policy, encoded, accelerator)
+    opt = make_optimization(cfg, policy, accelerator)
+    start_step, ema = restore(resume_from, policy, opt, cfg.ema_decay)
+    dataset = training_dataset(cfg, info, policy, train_eps, accelerator)
+    loader = make_loader(cfg, dataset, policy, start_step, accelerator.process_index, accelerator.num_processes)
+    policy, opt.optimizer = accelerator.prepare(policy, opt.optimizer)
+    heldout = None
+    if accelerator.is_main_process:  # accepted (fresh, or a resume with the run's own settings): recorded
+        run.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run.config, json.dumps(encoded, indent=2, default=str) + "\n")
+        if heldout_eps:  # a fixed subset of held-out chunks, read once, measured by the main process
+            heldout = Heldout.build(
+                info, heldout_eps, train_eps, accelerator.unwrap_model(policy).config, cfg.eval_chunks
+            )
+            ids = {"heldout_episodes": heldout_eps, "train_episodes": train_eps, "eval_chunks": len(heldout)}
+            atomic_write_text(run.heldout, json.dumps(ids, indent=2) + "\n")
+    progress = Progress(start_step)
+    try:
+        train_steps(cfg, accelerator, policy, opt, ema, loader, progress, run, heldout, measuring=bool(heldout_eps))
+        final = accelerator.unwrap_model(policy)
+        return finish(cfg, accelerator, final, opt, ema, progress, run, info, train_eps, heldout_eps)
+    except KeyboardInterrupt as err:  # said by `vla train` with where the run stands
+        raise Interrupted(progress.step) from err
+
+
+def train_steps(
+    cfg,
+    accelerator,
+    policy,
+    opt: Optimization,
+    ema: EMA | None,
+    loader,
+    progress: Progress,
+    run: RunFolder,
+    heldout: Heldout | None,
+    measuring: bool,
+) -> Progress:
+    """The loop: batch -> loss -> step -> EMA, then, every ``log_every`` steps (the only waits for the device), the
+    finiteness check, a metrics row and, every ``eval_every`` when ``measuring``, the held-out measurement (by the
+    main process, which holds ``heldout``); a checkpoint every ``save_every``."""
+    bar = tqdm(
+        total=cfg.steps, initial=progress.step, desc="train", disable=not (cfg.progress and accelerator.is_main_process)
+    )
+    pending: list[dict[str, torch.Tensor]] = []  # per step, on the device until the next log
+    postfix: dict[str, str] = {}
+    start = time.perf_counter()
+    for batch in loader:
+        batch = to_device(batch, accelerator.device)
+        with accelerator.autocast():
+            loss, metrics = policy(batch)  # cross-entropy on the action suffix only
+        opt.optimizer.zero_grad(set_to_none=True)
+        accelerator.backward(loss * global_loss_weight(accelerator, loss, metrics))
+        grad_norm = accelerator.clip_grad_norm_(opt.params, opt.clip_norm)
+        opt.optimizer.step()
+        opt.scheduler.step()
+        progress.step += 1
+        step = progress.step
+        if ema is not None:
+            ema.update(accelerator.unwrap_model(policy), step)
+        progress.seen += cfg.batch_size
+        pending.append({**metrics, "grad_norm": torch.as_tensor(grad_norm).detach()})
+        bar.update(1)
+        saving = step % cfg.save_every == 0 or step == cfg.steps
+        evaluating = measuring and (step % cfg.eval_every == 0 or step == cfg.steps)
+        if step % cfg.log_every == 0 or step == cfg.steps or saving or evaluating:
+            rows = [{k: float(v) for k, v in m.items()} for m in pending]
+            check_finite(rows, step, run)
+            pending = []
+            progress.losses.extend(r["loss"] for r in rows)
+            row = metrics_row(rows, step, opt.scheduler.get_last_lr()[0], progress.seen / (time.perf_counter() - start))
+            if evaluating and heldout is not None:  # the weights the saved policy will carry (EMA when on)
+                measures = measure_heldout(heldout, accelerator, accelerator.unwrap_model(policy), ema)
+                row, postfix = row | measures, heldout_postfix(measures)
+            if evaluating:
+                accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                with run.metrics.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            bar.set_postfix(loss=f"{row['loss']:.4f}", sps=f"{row['samples_per_s']:.0f}", **postfix, refresh=False)
+        if saving and accelerator.is_main_process:
+            save_checkpoint(
+                run.path,
+                step,
+                accelerator.unwrap_model(policy),
+                opt.optimizer,
+                ema.tensors if ema is not None else None,
+                keep_last=cfg.keep_last,
+            )
+    bar.close()
+    progress.seconds = time.perf_counter() - start
+    return progress
+
+
+# --- set-up ----------------------------------------------------------------------------------------------------
+def make_accelerator(cfg: TrainConfig):
+    """accelerate's ``Accelerator`` for the run (bf16 on a GPU that has it under ``mixed_precision="auto"``); FSDP and
+    a batch that does not split evenly over the processes refused before any work."""
     from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedType
 
     precision = cfg.mixed_precision
@@ -173,16 +315,20 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     # GPU (gloo); without cameras the vision tower is never run, which DDP must be told about.
     ddp = DistributedDataParallelKwargs(find_unused_parameters=not cfg.policy.image_keys)
     accelerator = Accelerator(mixed_precision=precision, cpu=cfg.policy.device == "cpu", kwargs_handlers=[ddp])
-    rank, world = accelerator.process_index, accelerator.num_processes
     if accelerator.distributed_type == DistributedType.FSDP:  # refused now, not at the first save hours later
         raise ValueError(
             "vla train cannot save FSDP-sharded runs yet (its checkpoints and EMA need whole tensors); "
             "launch without the FSDP config (accelerate launch --num_processes N: DDP, about 60 GB per "
             "GPU for the 3B shape's weights, gradients and AdamW state before activations)"
         )
-    if cfg.batch_size % world:
-        raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {world} processes")
-    run = Path(cfg.output_dir)
+    if cfg.batch_size % accelerator.num_processes:
+        raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {accelerator.num_processes} processes")
+    return accelerator
+
+
+def resolve(cfg: TrainConfig, accelerator) -> tuple[TrainConfig, Any, list[int], list[int]]:
+    """The config with its unset settings chosen from the dataset (a fine-tuned policy's settings stand as trained),
+    the dataset's metadata (its rows checked against it first), and the training and held-out episodes."""
     info = reader.dataset_info(cfg.dataset_root)  # meta/ read once, passed on
     reader.check_frames(info)  # the data rows agree with meta/: refused before anything is written
     saved_policy = cfg.policy if cfg.policy.pretrained_path is not None else None  # fine-tuning (--policy.path)
@@ -192,56 +338,72 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     if saved_policy is not None:  # a saved policy's settings stand as trained: nothing is chosen for them
         cfg = dataclasses.replace(cfg, policy=saved_policy)
     train_eps, heldout_eps = reader.split_episodes(info, heldout=cfg.heldout_episodes, seed=cfg.seed)
+    return cfg, info, train_eps, heldout_eps
 
+
+def start_run(run: RunFolder, cfg: TrainConfig, accelerator) -> tuple[dict[str, Any], Path | None]:
+    """The config as the run folder keeps it, and the checkpoint to resume from (None for a fresh start); the folder
+    is checked (one run per folder) by the main process before any work."""
     encoded = draccus.encode(cfg)
-    if accelerator.is_main_process:  # a run folder is one run: checked before any work
-        resume_from = prepare_run(run, encoded, resume=cfg.resume, overwrite=cfg.overwrite, log=print)
+    resume_from = None
+    if accelerator.is_main_process:
+        resume_from = prepare_run(run.path, encoded, resume=cfg.resume, overwrite=cfg.overwrite, log=print)
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
-        resume_from = latest_checkpoint(run) if cfg.resume else None
+        resume_from = latest_checkpoint(run.path) if cfg.resume else None
+    return encoded, resume_from
 
-    torch.manual_seed(cfg.seed)
-    policy = VLAPolicy.from_pretrained(resume_from / "policy") if resume_from else build_policy(cfg, info, train_eps)
-    policy.train()
-    if not resume_from:  # what the tokenizer's fit chose from the data: said, and kept with the run's other choices
-        for name, (value, why) in policy.action_tokenizer.fit_choices.items():
-            if accelerator.is_main_process:
-                print(f"chose tokenizer.{name} = {value}: {why}")
-            encoded.setdefault("chosen", {})[f"tokenizer.{name}"] = f"{value}: {why}"
 
-    # LeRobot's presets from the policy config: the same optimiser and schedule under lerobot-train. Its AdamW runs as
-    # one fused kernel over every tensor where torch has one (CPU, CUDA): the same update, ~4x faster than the
-    # per-tensor loop on CPU for tiny.
+def say_choices(policy: VLAPolicy, encoded: dict[str, Any], accelerator) -> None:
+    """What the tokenizer's fit chose from the data: said, and kept with the run's other choices."""
+    for name, (value, why) in policy.action_tokenizer.fit_choices.items():
+        if accelerator.is_main_process:
+            print(f"chose tokenizer.{name} = {value}: {why}")
+        encoded.setdefault("chosen", {})[f"tokenizer.{name}"] = f"{value}: {why}"
+
+
+def make_optimization(cfg: TrainConfig, policy: VLAPolicy, accelerator) -> Optimization:
+    """LeRobot's presets from the policy config: the same optimiser and schedule as under lerobot-train. Its AdamW
+    runs as one fused kernel over every tensor where torch has one (CPU, CUDA): the same update, ~4x faster than the
+    per-tensor loop on CPU for tiny. LeRobot shrinks its warm-up and decay to a run shorter than
+    ``scheduler_decay_steps``; here the schedule is a function of the step alone, so a run resumed with more
+    ``--steps`` continues the schedule it started (a run that ends before it decays is warned about)."""
     params = [p for p in policy.parameters() if p.requires_grad]
     preset = dataclasses.asdict(policy.config.get_optimizer_preset())
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params) or None
     optimizer = torch.optim.AdamW(params, **{k: v for k, v in preset.items() if k != "grad_clip_norm"}, fused=fused)
     policy.model.compile_training = cfg.compile  # torch.compile of the layers in the step (vla.model.lean), or not
-    clip_norm = policy.config.optimizer_grad_clip_norm  # read before accelerate wraps the policy (DDP)
-    # LeRobot's preset shrinks its warm-up and decay to a run shorter than scheduler_decay_steps; here the schedule is a
-    # function of the step alone, so a run resumed with more --steps continues the schedule it started.
-    scheduler = policy.config.get_scheduler_preset().build(
-        optimizer, max(cfg.steps, policy.config.scheduler_decay_steps)
-    )
-    if accelerator.is_main_process and cfg.steps < policy.config.scheduler_decay_steps:  # said before any step
+    decay = policy.config.scheduler_decay_steps
+    scheduler = policy.config.get_scheduler_preset().build(optimizer, max(cfg.steps, decay))
+    if accelerator.is_main_process and cfg.steps < decay:  # said before any step
         share = scheduler.lr_lambdas[0](cfg.steps)  # the schedule is a function of the step: its last step's share
-        print(f"WARNING: {short_schedule(cfg.steps, policy.config.scheduler_decay_steps, share)}")
-    start_step, ema = 0, None
+        print(f"WARNING: {short_schedule(cfg.steps, decay, share)}")
+    return Optimization(optimizer, scheduler, params, policy.config.optimizer_grad_clip_norm)
+
+
+def restore(resume_from: Path | None, policy: VLAPolicy, opt: Optimization, ema_decay: float) -> tuple[int, EMA | None]:
+    """The step to start from and the EMA: a checkpoint's (its optimiser, EMA and random state restored, the schedule
+    set to its step), else step 0 and a fresh EMA (``ema_decay`` > 0)."""
+    start_step, tensors = 0, None
     if resume_from:
-        start_step, ema = load_checkpoint(resume_from, policy, optimizer)
+        start_step, tensors = load_checkpoint(resume_from, policy, opt.optimizer)
         with warnings.catch_warnings():  # the schedule is a function of the step: set it to the checkpoint's
             warnings.simplefilter("ignore", UserWarning)  # "scheduler.step() before optimizer.step()": intended
-            scheduler.last_epoch = start_step - 1
-            scheduler.step()
-    if cfg.ema_decay > 0 and ema is None:
-        ema = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+            opt.scheduler.last_epoch = start_step - 1
+            opt.scheduler.step()
+    if tensors is not None:
+        return start_step, EMA(tensors, ema_decay)
+    return start_step, EMA.of(policy, ema_decay) if ema_decay > 0 else None
 
-    # Cameras decoded once into memory when their frames fit MEMORY_BUDGET (at the policy's image size), else LeRobot.
+
+def training_dataset(cfg: TrainConfig, info, policy: VLAPolicy, train_eps: list[int], accelerator):
+    """The training chunks; cameras decoded once into memory when their frames fit the budget (at the policy's image
+    size), else read through LeRobot."""
     image_keys, image_size = list(policy.config.image_keys), policy.model.image_size
     backend, why = choose_backend(info, image_keys, image_size, train_eps)
     if accelerator.is_main_process:
         print(f"dataset backend: {backend} ({why})")
-    dataset = ActionChunkDataset(
+    return ActionChunkDataset(
         info,
         policy.config.time_horizon,
         episodes=train_eps,
@@ -251,140 +413,122 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         progress=cfg.progress and accelerator.is_main_process,
         obs_steps=policy.config.n_obs_steps,
     )
-    loader = make_loader(cfg, dataset, policy, start_step, rank, world)
-    policy, optimizer = accelerator.prepare(policy, optimizer)
-    if accelerator.is_main_process:  # accepted (fresh, or a resume with the run's own settings): recorded
-        run.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run / CONFIG, json.dumps(encoded, indent=2, default=str) + "\n")
-    metrics_file = run / METRICS
-    # Held-out measurement (vla.heldout): a fixed subset of held-out chunks, read once, measured by the main process.
-    heldout = None
-    if heldout_eps and accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(policy)
-        heldout = Heldout.build(info, heldout_eps, train_eps, unwrapped.config, cfg.eval_chunks)
-        atomic_write_text(
-            run / HELDOUT,
-            json.dumps(
-                {"heldout_episodes": heldout_eps, "train_episodes": train_eps, "eval_chunks": len(heldout)}, indent=2
-            )
-            + "\n",
-        )
-    postfix: dict[str, str] = {}
 
-    main_process = cfg.progress and accelerator.is_main_process
-    bar = tqdm(total=cfg.steps, initial=start_step, desc="train", disable=not main_process)
-    pending: list[dict[str, torch.Tensor]] = []  # per step, on the device until the next log
-    losses: list[float] = []
-    start_time, seen = time.perf_counter(), 0
-    step = start_step
-    for batch in loader:
-        batch = to_device(batch, accelerator.device)
-        with accelerator.autocast():
-            loss, metrics = policy(batch)  # cross-entropy on the action suffix only
-        optimizer.zero_grad(set_to_none=True)
-        weight = 1.0
-        if world > 1:  # DDP averages the ranks' gradients: each rank's mean is weighted by its share of the suffix
-            # tokens (FAST's chunks differ in length), so the step is the one a single process takes on the global batch
-            tokens = metrics["suffix_tokens"].to(loss.device)
-            total, summed = accelerator.reduce(torch.stack([tokens, loss.detach() * tokens]), "sum")
-            weight, metrics["loss"] = tokens * world / total, summed / total  # logged: the global batch's loss
-        accelerator.backward(loss * weight)
-        grad_norm = accelerator.clip_grad_norm_(params, clip_norm)
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        if ema is not None:
-            decay = min(cfg.ema_decay, (1 + step) / (10 + step))  # warm-up so early weights don't dominate
-            with torch.no_grad():
-                for name, p in accelerator.unwrap_model(policy).named_parameters():
-                    if name in ema:
-                        ema[name].lerp_(p.detach(), 1 - decay)
-        seen += cfg.batch_size
-        pending.append({**metrics, "grad_norm": torch.as_tensor(grad_norm).detach()})
-        bar.update(1)
 
-        saving = step % cfg.save_every == 0 or step == cfg.steps
-        evaluating = bool(heldout_eps) and (step % cfg.eval_every == 0 or step == cfg.steps)
-        if step % cfg.log_every == 0 or step == cfg.steps or saving or evaluating:  # the only waits for the device
-            rows = [{k: float(v) for k, v in m.items()} for m in pending]
-            first_bad = next(
-                (
-                    step - len(rows) + 1 + i
-                    for i, r in enumerate(rows)
-                    if not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]))
-                ),
-                None,
-            )
-            if first_bad is not None:  # nothing after it is saved: the last checkpoint stays the last good one
-                last = sorted((run / CHECKPOINTS).glob("step_*"))
-                again = (
-                    "start again with --overwrite=true or in another --output_dir"
-                    if last
-                    else "run again in place (the folder holds no checkpoint, so it starts over)"
-                )
-                raise Diverged(
-                    f"training diverged at step {first_bad}: the loss or the gradient norm is not finite; the last "
-                    f"good checkpoint is {last[-1] if last else 'none (none was saved yet)'}. Lower "
-                    f"--policy.optimizer_lr (or raise --policy.scheduler_warmup_steps) and {again}"
-                )
-            losses.extend(r["loss"] for r in rows)
-            row = {
-                "step": step,
-                **rows[-1],
-                "lr": scheduler.get_last_lr()[0],
-                "samples_per_s": seen / (time.perf_counter() - start_time),
-            }
-            row["loss_mean"] = float(np.mean([r["loss"] for r in rows]))
-            pending = []
-            if evaluating and heldout is not None:  # the weights the saved policy will carry (EMA when on)
-                with accelerator.autocast(), ema_weights(accelerator.unwrap_model(policy), ema):
-                    row |= heldout.measure(accelerator.unwrap_model(policy))
-                hold = row["heldout_hold_state_rmse"]
-                postfix = {
-                    "heldout": f"{row['heldout_rmse']:.3f}",
-                    "mean": f"{row['heldout_mean_action_rmse']:.3f}",
-                    "hold": "n/a" if hold is None else f"{hold:.3f}",
-                    "acc": f"{row['heldout_accuracy']:.2f}",
-                }
-            if evaluating:
-                accelerator.wait_for_everyone()
-            if accelerator.is_main_process:
-                with metrics_file.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-            bar.set_postfix(loss=f"{row['loss']:.4f}", sps=f"{row['samples_per_s']:.0f}", **postfix, refresh=False)
-        if saving and accelerator.is_main_process:
-            save_checkpoint(run, step, accelerator.unwrap_model(policy), optimizer, ema, keep_last=cfg.keep_last)
-    bar.close()
-    elapsed = time.perf_counter() - start_time
+# --- in the loop -----------------------------------------------------------------------------------------------
+def global_loss_weight(accelerator, loss: torch.Tensor, metrics: dict[str, torch.Tensor]) -> Any:
+    """The factor on this process's loss under DDP, which averages the processes' gradients: each one's mean weighted
+    by its share of the suffix tokens (FAST's chunks differ in length), so that the step is the one a single process
+    takes on the global batch; ``metrics["loss"]`` becomes the global batch's. 1 for a single process."""
+    world = accelerator.num_processes
+    if world == 1:
+        return 1.0
+    tokens = metrics["suffix_tokens"].to(loss.device)
+    total, summed = accelerator.reduce(torch.stack([tokens, loss.detach() * tokens]), "sum")
+    metrics["loss"] = summed / total
+    return tokens * world / total
 
-    if not losses and metrics_file.is_file():  # resumed at the final step (a kill during the final save): no step ran
-        rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+
+def check_finite(rows: list[dict[str, float]], step: int, run: RunFolder) -> None:
+    """Raise ``Diverged`` naming the first of ``rows`` (the steps up to ``step``) whose loss or gradient norm is not
+    finite, the last good checkpoint and the fix; nothing after it is saved."""
+    first_bad = next(
+        (
+            step - len(rows) + 1 + i
+            for i, r in enumerate(rows)
+            if not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]))
+        ),
+        None,
+    )
+    if first_bad is None:
+        return
+    last = run.saved_checkpoints()
+    again = (
+        "start again with --overwrite=true or in another --output_dir"
+        if last
+        else "run again in place (the folder holds no checkpoint, so it starts over)"
+    )
+    raise Diverged(
+        f"training diverged at step {first_bad}: the loss or the gradient norm is not finite; the last "
+        f"good checkpoint is {last[-1] if last else 'none (none was saved yet)'}. Lower "
+        f"--policy.optimizer_lr (or raise --policy.scheduler_warmup_steps) and {again}"
+    )
+
+
+def metrics_row(rows: list[dict[str, float]], step: int, lr: float, samples_per_s: float) -> dict[str, Any]:
+    """One ``metrics.jsonl`` row: the last step's metrics, the learning rate, the rate so far and the mean loss over
+    the steps since the last row."""
+    return {
+        "step": step,
+        **rows[-1],
+        "lr": lr,
+        "samples_per_s": samples_per_s,
+        "loss_mean": float(np.mean([r["loss"] for r in rows])),
+    }
+
+
+def measure_heldout(heldout: Heldout, accelerator, model: VLAPolicy, ema: EMA | None) -> dict[str, Any]:
+    """The held-out measures of ``model`` with the weights the saved policy will carry (EMA when on)."""
+    with accelerator.autocast(), ema.swapped_in(model) if ema is not None else contextlib.nullcontext():
+        return heldout.measure(model)
+
+
+def heldout_postfix(row: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's held-out figures."""
+    hold = row["heldout_hold_state_rmse"]
+    return {
+        "heldout": f"{row['heldout_rmse']:.3f}",
+        "mean": f"{row['heldout_mean_action_rmse']:.3f}",
+        "hold": "n/a" if hold is None else f"{hold:.3f}",
+        "acc": f"{row['heldout_accuracy']:.2f}",
+    }
+
+
+# --- the end ---------------------------------------------------------------------------------------------------
+def finish(
+    cfg: TrainConfig,
+    accelerator,
+    final: VLAPolicy,
+    opt: Optimization,
+    ema: EMA | None,
+    progress: Progress,
+    run: RunFolder,
+    info,
+    train_eps: list[int],
+    heldout_eps: list[int],
+) -> dict[str, Any]:
+    """The policy saved with the EMA weights, the loss plot, the offline report (on more held-out chunks, of the policy
+    as saved) and the run's last lines; the summary ``main`` returns."""
+    losses = progress.losses
+    if not losses:  # resumed at the final step (a kill during the final save): no step ran
+        rows = run.metrics_rows()
         losses = [rows[-1]["loss"]] if rows else []
-    final_loss, samples_per_s = (losses[-1] if losses else float("nan")), seen / max(elapsed, 1e-9)
-    final = accelerator.unwrap_model(policy)
+    final_loss = losses[-1] if losses else float("nan")
+    samples_per_s = progress.seen / max(progress.seconds, 1e-9)
     if accelerator.is_main_process:
         if ema is not None:  # the policy people use carries the EMA weights
-            copy_ema(final, ema)
-        final.save_pretrained(run / "policy")
-        plot_loss(metrics_file, run / "loss.png")
-        if heldout is not None:  # the offline report, on more held-out chunks, of the policy as saved
-            plot_curves(metrics_file, run / CURVES)
+            ema.copy_into(final)
+        final.save_pretrained(run.policy)
+        plot_loss(run)
+        report = None
+        if heldout_eps:
+            plot_curves(run)
             report = Heldout.build(info, heldout_eps, train_eps, final.config, cfg.report_chunks).report(
-                final, dataset=str(info.root), steps=step, final_train_loss=losses[-1] if losses else None
+                final, dataset=str(info.root), steps=progress.step, final_train_loss=losses[-1] if losses else None
             )
-            write_report(report, run)
-            print(f"report in {run / 'offline_report.md'}")
-        print(f"final loss {final_loss:.4f}, {samples_per_s:.1f} samples/s; policy in {run / 'policy'}")
-        lr = (scheduler.get_last_lr()[0], policy_lr(final), final.config.scheduler_decay_steps)
-        for line in final_lines(report if heldout is not None else None, run, cfg, step, *lr):
+            write_report(report, run.path)
+            print(f"report in {run.report('.md')}")
+        print(f"final loss {final_loss:.4f}, {samples_per_s:.1f} samples/s; policy in {run.policy}")
+        lr = (opt.scheduler.get_last_lr()[0], policy_lr(final), final.config.scheduler_decay_steps)
+        for line in final_lines(report, run.path, cfg, progress.step, *lr):
             print(line)  # the verdict and what to do next, last
     return {
         "final_loss": final_loss,
         "losses": losses,
-        "steps": step,
-        "train_seconds": elapsed,
+        "steps": progress.step,
+        "train_seconds": progress.seconds,
         "samples_per_s": samples_per_s,
-        "policy_path": str(run / "policy"),
+        "policy_path": str(run.policy),
         "heldout_episodes": heldout_eps,
         "tokenizer": final.action_tokenizer.name,
     }
@@ -459,19 +603,20 @@ def final_lines(
     return lines
 
 
-def plot_loss(metrics_file: Path, out: Path) -> None:
-    if not metrics_file.is_file():
+def plot_loss(run: RunFolder) -> None:
+    """The training loss against the step (``loss.png``)."""
+    rows = run.metrics_rows()
+    if not rows:
         return
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
     ax.set(xlabel="step", ylabel="loss (action tokens)", yscale="log", title="training loss")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(run.loss_plot, dpi=120)
     plt.close(fig)

@@ -13,8 +13,8 @@ from vla.io import read_json
 from vla.policy.modeling_vla import TOKENIZER_DIR
 from vla.policy.saved_config import CONFIG_FILE, load_policy_config
 from vla.tokenizer_choice import tokenizer_config
+from vla.train import Interrupted, main
 from vla.train import __doc__ as TRAIN_DOC
-from vla.train import main
 
 
 def add_cli(subparsers) -> None:
@@ -124,10 +124,5 @@ def stopped(cfg: TrainConfig, step: int | None) -> str:
 
 
 def _step_of(err: BaseException) -> int | None:
-    """The step ``main`` had finished when ``err`` went through it (read from its frame in the traceback)."""
-    tb = err.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is main.__code__:
-            return tb.tb_frame.f_locals.get("step")
-        tb = tb.tb_next
-    return None
+    """The last step the training loop finished when Ctrl-C stopped it (None when it stopped before the loop)."""
+    return err.step if isinstance(err, Interrupted) else None

@@ -364,11 +364,10 @@ def resolve(cfg, info: reader.DatasetInfo, log=print):
 
 def _saved_run(cfg) -> dict | None:
     """The run's own train_config.json when ``cfg`` resumes one, else None."""
-    from pathlib import Path
-
     from vla.io import read_json
+    from vla.run_folder import RunFolder
 
-    path = Path(cfg.output_dir) / "train_config.json"
+    path = RunFolder(cfg.output_dir).config
     return read_json(path, "the run's config") if cfg.resume and path.is_file() else None
 
 

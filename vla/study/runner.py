@@ -42,6 +42,7 @@ import yaml
 
 from vla.io import write_json
 from vla.provenance import dataset_fingerprint, git_state, portable_command, provenance
+from vla.run_folder import RunFolder
 from vla.study.lock import Children, Stopped, StudyLock
 from vla.study.records import (
     RUN_FILE,
@@ -102,7 +103,7 @@ def eval_command(study: Study, folder: Path) -> list[str]:
     return _python(
         "eval",
         "--policy",
-        str(folder / "train" / "policy"),
+        str(RunFolder(folder / "train").policy),
         "--env",
         ev["env"],
         "--task",
@@ -225,20 +226,14 @@ def finished(study: Study, work: Path, results: Path | None = None) -> list[dict
 
 
 def _final_loss(train_dir: Path) -> float | None:
-    lines = (train_dir / "metrics.jsonl").read_text().splitlines() if (train_dir / "metrics.jsonl").is_file() else []
-    losses = []
-    for line in lines:
-        try:
-            losses.append(json.loads(line).get("loss"))
-        except (ValueError, AttributeError):  # a line cut by a kill: the ones before it stand
-            continue
+    losses = [row.get("loss") for row in RunFolder(train_dir).metrics_rows()]
     losses = [x for x in losses if isinstance(x, int | float)]
     return float(losses[-1]) if losses else None
 
 
 def _resumable(cmd: list[str], train_dir: Path) -> list[str]:
     """Resume from the last checkpoint; a training killed before its first one starts again (nothing to keep)."""
-    if any((train_dir / "checkpoints").glob("step_*")):
+    if RunFolder(train_dir).saved_checkpoints():
         return [*cmd, "--resume=true"]
     if train_dir.exists():
         shutil.rmtree(train_dir)
@@ -280,7 +275,7 @@ def execute(
     walls: dict[str, float] = _read(folder / "walls.json") or {}  # seconds per stage, summed over resumes
     with (folder / "log.txt").open("a") as log:
         for stage in ("train", "eval"):
-            if stage == "train" and (folder / "train" / "policy").is_dir():
+            if stage == "train" and RunFolder(folder / "train").policy.is_dir():
                 continue
             if stage == "eval" and (folder / "eval" / "eval_info.json").is_file():
                 continue
@@ -296,7 +291,7 @@ def execute(
             write_json(folder / "walls.json", walls)
             if code != 0:
                 raise RuntimeError(f"run {run.id}: {stage} failed (exit {code}); see {folder / 'log.txt'}")
-    train_config = json.loads((folder / "train" / "train_config.json").read_text())
+    train_config = json.loads(RunFolder(folder / "train").config.read_text())
     report = _read_eval(folder, run)
     successes, seeds, per_task = _episodes(report)
     record = {
@@ -334,7 +329,7 @@ def execute(
 def _offline(train_dir: Path) -> dict[str, Any] | None:
     """The held-out measures of the run's offline report (when it held episodes out): what a study can set beside
     closed-loop success to see which offline number predicts it."""
-    report = _read(train_dir / "offline_report.json")
+    report = _read(RunFolder(train_dir).report())
     if not isinstance(report, dict) or not isinstance(report.get("policy"), dict):
         return None
     policy, baselines = report["policy"], report.get("baselines") or {}

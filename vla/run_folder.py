@@ -1,0 +1,99 @@
+"""A training run's folder and the files in it, named once (the layout is in ``vla.checkpoints``): the trainer
+writes them, and the study runner, the defaults (a resumed run's choices) and the evaluation (the run behind a policy)
+read them through ``RunFolder``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS = "checkpoints"
+LAST = "last.json"
+CONFIG = "train_config.json"
+METRICS = "metrics.jsonl"
+POLICY = "policy"
+LOSS_PLOT = "loss.png"
+HELDOUT = "heldout.json"  # the run's held-out (and training) episode ids
+HELDOUT_PLOT = "heldout.png"
+REPORT = "offline_report"  # .json, .md, .png
+RUN_FILES = (
+    CHECKPOINTS,
+    CONFIG,
+    METRICS,
+    POLICY,
+    LOSS_PLOT,
+    HELDOUT,
+    HELDOUT_PLOT,
+    f"{REPORT}.json",
+    f"{REPORT}.md",
+    f"{REPORT}.png",
+)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One training run's folder, its files named once."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def policy(self) -> Path:
+        return self.path / POLICY
+
+    @property
+    def loss_plot(self) -> Path:
+        return self.path / LOSS_PLOT
+
+    @property
+    def heldout(self) -> Path:
+        return self.path / HELDOUT
+
+    @property
+    def heldout_plot(self) -> Path:
+        return self.path / HELDOUT_PLOT
+
+    def report(self, suffix: str = ".json") -> Path:
+        """The offline report: ``.json``, ``.md`` or ``.png``."""
+        return self.path / f"{REPORT}{suffix}"
+
+    def metrics_rows(self) -> list[dict[str, Any]]:
+        """The rows of ``metrics.jsonl``, oldest first (none when it is missing; a torn last line, left by a kill
+        mid-write, is dropped)."""
+        rows = []
+        for line in self.metrics.read_text().splitlines() if self.metrics.is_file() else []:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+    def train_config(self) -> dict[str, Any] | None:
+        """The run's ``train_config.json`` (None when it has none, or it cannot be read)."""
+        try:
+            config = json.loads(self.config.read_text())
+        except (OSError, ValueError):
+            return None
+        return config if isinstance(config, dict) else None
+
+    def saved_checkpoints(self) -> list[Path]:
+        """The ``step_*`` checkpoint folders, oldest first."""
+        return sorted(self.checkpoints.glob("step_*"))
