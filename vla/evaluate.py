@@ -27,6 +27,7 @@ import torch
 from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
 from vla.policy.saved_config import check_policy_folder
+from vla.run_folder import RunFolder
 from vla.sim import EVAL_SEED_START, env_names, make_env
 from vla.sim.rollout import run_episodes, summarize
 
@@ -100,8 +101,7 @@ def training_recording(policy_dir: str | Path) -> dict[str, Any]:
     from vla.sim.record import read_recording
 
     try:
-        train_config = json.loads((Path(policy_dir).parent / "train_config.json").read_text())
-        root = train_config["dataset_root"]
+        root = RunFolder(Path(policy_dir).parent).train_config()["dataset_root"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     try:
@@ -124,7 +124,7 @@ def eval_provenance(policy_dir: Path | None, settings: dict[str, Any]) -> dict[s
     train_config, dataset = None, None
     if policy_dir is not None:
         try:
-            train_config = json.loads((policy_dir.parent / "train_config.json").read_text())
+            train_config = RunFolder(policy_dir.parent).train_config()
             root = Path(train_config["dataset_root"])
             dataset = root if (root / "meta").is_dir() else None
         except (OSError, ValueError, KeyError, TypeError):
@@ -178,24 +178,8 @@ def evaluate(
     observation it answers, converted to control steps at the simulator's rate, while the simulator keeps stepping
     (``vla.execution.DelayedQueue``: the robot holds until the reply, or with ``ahead`` asks that many actions early).
     None is no delay at all; ``delay_ms=0, decode_ms=0`` gives the same episodes."""
-    if episodes < 1:
-        raise ValueError(f"episodes must be at least 1, got {episodes}")
-    if num_envs < 1:
-        raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-    policy_dir = None if isinstance(policy, VLAPolicy) else Path(policy)
-    if not isinstance(policy, VLAPolicy):
-        path = Path(policy)
-        if not path.is_dir():
-            raise ValueError(
-                f"no policy at {path}; pass the folder a training run wrote (e.g. outputs/train/NAME/policy)"
-            )
-        check_policy_folder(path)  # a training run's folder: names the policy inside it
-        policy = VLAPolicy.from_pretrained(path)
-        recording = training_recording(path)
-        if env_options is None:
-            env_options = dict(recording.get("env_options") or {}) or None
-    else:
-        recording = {}
+    _check_settings(episodes, num_envs, gif_episodes, out_dir, delay_ms, decode_ms, ahead, seed_start)
+    policy, policy_dir, recording, env_options = _loaded(policy, env_options)
     config = policy.config
     if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
         raise ValueError(
@@ -207,6 +191,77 @@ def evaluate(
         config.num_beams = num_beams
     if gif_episodes and not config.image_keys:
         raise ValueError("--gif draws the policy's camera, and this policy has none (state only); drop --gif")
+    if n_action_steps is None:  # an ensemble asked for here predicts every step unless told otherwise (ACT)
+        n_action_steps = 1 if ensemble is not None and config.temporal_ensemble is None else config.n_action_steps
+    ensemble = config.temporal_ensemble if ensemble is None else ensemble
+    names = env_names(env_name)
+    runner = ChunkPolicy(policy)
+    # Task by task, seeds seed_start.. for each: episode k is task k // episodes (a GIF shows the first task's).
+    episode_list = [(name, seed) for name in names for seed in range(seed_start, seed_start + episodes)]
+    envs = _make_envs(policy, names, recording, num_envs, episodes, max_steps, env_options)
+    delay = None
+    if delay_ms is not None:
+        decode_ms = decode_time(runner, envs[0], seed_start) if decode_ms is None else decode_ms
+        delay = _delay(delay_ms, decode_ms, ahead, envs[0].fps, config.time_horizon)
+    frames: dict[int, list[np.ndarray]] = {}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(episode_list), desc=f"eval {env_name}", unit="ep")
+    try:
+        results = run_episodes(
+            envs,
+            runner,
+            episode_list,
+            n_action_steps=n_action_steps,
+            ensemble=ensemble,
+            obs_steps=config.n_obs_steps,
+            delay_steps=delay["delay_steps"] if delay else 0,
+            ahead=ahead,
+            on_step=_gif_frames(frames, gif_episodes, list(config.image_keys)),
+            on_episode=(lambda r: bar.update(1)) if bar else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+        for env in envs:
+            env.close()
+    common = _decoding(runner, n_action_steps, ensemble, config.num_beams, len(envs)) | (delay or {})
+    report = _report(results, names, env_name, episodes, seed_start, common)
+    settings = dict(
+        env=env_name,
+        episodes=episodes,
+        seed_start=seed_start,
+        n_action_steps=n_action_steps,
+        ensemble=ensemble,
+        num_beams=config.num_beams,
+        max_steps=max_steps,
+        num_envs=num_envs,
+        env_options=env_options,
+        **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead)),
+    )
+    report["provenance"] = eval_provenance(policy_dir, settings)
+    if out_dir is not None:
+        _write(Path(out_dir), report, frames, env_name)
+    return report
+
+
+def _check_settings(
+    episodes: int,
+    num_envs: int,
+    gif_episodes: int,
+    out_dir: str | Path | None,
+    delay_ms: float | None,
+    decode_ms: float | None,
+    ahead: bool,
+    seed_start: int,
+) -> None:
+    """The settings that need no policy, checked before one is loaded."""
+    if episodes < 1:
+        raise ValueError(f"episodes must be at least 1, got {episodes}")
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1, got {num_envs}")
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(
             f"--out {out_dir} is a file; eval writes a folder (eval_info.json, rollouts.gif): pass a folder"
@@ -220,143 +275,134 @@ def evaluate(
         raise ValueError("--decode-ms and --ahead model a delayed reply: give --delay-ms too (0 for decoding only)")
     if seed_start < EVAL_SEED_START:
         raise ValueError(f"evaluation seeds start at {EVAL_SEED_START}; {seed_start} could overlap training seeds")
-    image_keys = list(config.image_keys)
-    if n_action_steps is None:  # an ensemble asked for here predicts every step unless told otherwise (ACT)
-        n_action_steps = 1 if ensemble is not None and config.temporal_ensemble is None else config.n_action_steps
-    steps = n_action_steps
-    ensemble = config.temporal_ensemble if ensemble is None else ensemble
-    names = env_names(env_name)
-    runner = ChunkPolicy(policy)
-    frames: dict[int, list[np.ndarray]] = {}
-    record_frames = gif_episodes > 0 and bool(image_keys)
-    # Task by task, seeds seed_start.. for each: episode k is task k // episodes (a GIF shows the first task's).
-    episode_list = [(name, seed) for name in names for seed in range(seed_start, seed_start + episodes)]
-    # Render at the size the training frames were recorded at (the policy's pipeline resizes, as in training), else at
-    # the policy's; LeRobot's convention renders at its own size.
+
+
+def _loaded(
+    policy: VLAPolicy | str | Path, env_options: dict[str, Any] | None
+) -> tuple[VLAPolicy, Path | None, dict[str, Any], dict[str, Any] | None]:
+    """The policy (loaded when given as a folder), its folder, how its training data was recorded, and the env
+    options: as given, else the recording's (the observation convention the policy was trained on)."""
+    if isinstance(policy, VLAPolicy):
+        return policy, None, {}, env_options
+    path = Path(policy)
+    if not path.is_dir():
+        raise ValueError(f"no policy at {path}; pass the folder a training run wrote (e.g. outputs/train/NAME/policy)")
+    check_policy_folder(path)  # a training run's folder: names the policy inside it
+    recording = training_recording(path)
+    if env_options is None:
+        env_options = dict(recording.get("env_options") or {}) or None
+    return VLAPolicy.from_pretrained(path), path, recording, env_options
+
+
+def _make_envs(
+    policy: VLAPolicy,
+    names: list[str],
+    recording: dict[str, Any],
+    num_envs: int,
+    episodes: int,
+    max_steps: int | None,
+    env_options: dict[str, Any] | None,
+) -> list:
+    """``num_envs`` envs (at least one per task), rendering the policy's cameras at the size the training frames were
+    recorded at (the policy's pipeline resizes, as in training), else at the policy's; LeRobot's convention renders
+    at its own size."""
+    config = policy.config
     size = recording.get("image_size") or config.image_size or policy.model.image_size
     if (env_options or {}).get("observation") == "lerobot":
         size = None
     per_task = max(1, min(num_envs // len(names), episodes))
     envs = [
-        make_env(name, image_keys=image_keys, image_size=size, max_steps=max_steps, **(env_options or {}))
+        make_env(name, image_keys=list(config.image_keys), image_size=size, max_steps=max_steps, **(env_options or {}))
         for name in names
         for _ in range(per_task)
     ]
     _check_state_dim(envs, config.state_dim, env_options)
-    delay_steps = 0
-    if delay_ms is not None:
-        if decode_ms is None:
-            decode_ms = decode_time(runner, envs[0], seed_start)
-        delay_steps = math.ceil((delay_ms + decode_ms) * envs[0].fps / 1000 - 1e-9)
-        if ahead and delay_steps >= config.time_horizon:
-            print(
-                f"WARNING: a reply arrives {delay_steps} control steps after its observation, but a chunk holds "
-                f"{config.time_horizon} actions: with --ahead every reply is stale when it lands and the robot holds "
-                "after its first chunk; use a policy with longer chunks, or evaluate without --ahead"
-            )
-    on_step = None
-    if record_frames:
+    return envs
 
-        def on_step(k: int, obs: dict[str, Any], action: np.ndarray) -> None:
-            if k < gif_episodes:
-                image = obs[image_keys[0]]  # [3, H, W] in [0, 1]
-                frames.setdefault(k, []).append((np.asarray(image).transpose(1, 2, 0) * 255).round().astype(np.uint8))
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(episode_list), desc=f"eval {env_name}", unit="ep")
-    try:
-        results = run_episodes(
-            envs,
-            runner,
-            episode_list,
-            n_action_steps=steps,
-            ensemble=ensemble,
-            obs_steps=config.n_obs_steps,
-            delay_steps=delay_steps,
-            ahead=ahead,
-            on_step=on_step,
-            on_episode=(lambda r: bar.update(1)) if bar else None,
+def _delay(delay_ms: float, decode_ms: float, ahead: bool, fps: int, time_horizon: int) -> dict[str, Any]:
+    """The report's delay fields: the round trip and decode in milliseconds, the control steps they last at ``fps``
+    and when the next chunk is asked for."""
+    delay_steps = math.ceil((delay_ms + decode_ms) * fps / 1000 - 1e-9)
+    if ahead and delay_steps >= time_horizon:
+        print(
+            f"WARNING: a reply arrives {delay_steps} control steps after its observation, but a chunk holds "
+            f"{time_horizon} actions: with --ahead every reply is stale when it lands and the robot holds "
+            "after its first chunk; use a policy with longer chunks, or evaluate without --ahead"
         )
-    finally:
-        if bar is not None:
-            bar.close()
-        for env in envs:
-            env.close()
+    request = "ahead" if ahead else "when empty"
+    return dict(delay_ms=delay_ms, decode_ms=decode_ms, delay_steps=delay_steps, request=request)
+
+
+def _gif_frames(frames: dict[int, list[np.ndarray]], gif_episodes: int, image_keys: list[str]):
+    """The rollout's ``on_step`` that keeps the first camera's frames of the first ``gif_episodes`` episodes in
+    ``frames`` (None when no GIF is asked for: the rollout then draws only the frames the policy is shown)."""
+    if not (gif_episodes > 0 and image_keys):
+        return None
+
+    def on_step(k: int, obs: dict[str, Any], action: np.ndarray) -> None:
+        if k < gif_episodes:
+            image = obs[image_keys[0]]  # [3, H, W] in [0, 1]
+            frames.setdefault(k, []).append((np.asarray(image).transpose(1, 2, 0) * 255).round().astype(np.uint8))
+
+    return on_step
+
+
+def _decoding(runner: ChunkPolicy, n_action_steps: int, ensemble: float | None, num_beams: int, num_envs: int):
+    """The report's fields on how the chunks were decoded and executed, and how long one took."""
     single = runner.single_latencies()
     batch_lat = np.asarray(runner.batch_latencies_ms)
-    common = dict(
-        n_action_steps=steps,
+    return dict(
+        n_action_steps=n_action_steps,
         temporal_ensemble=ensemble,
-        num_beams=config.num_beams,
-        num_envs=len(envs),
+        num_beams=num_beams,
+        num_envs=num_envs,
         chunks=len(runner.valid),
         latency_ms_mean=float(single.mean()),  # one observation at a time: what a robot waits for
         latency_ms_p95=float(np.percentile(single, 95)),
         batch_latency_ms_mean=float(batch_lat.mean()),  # one call over up to num_envs observations
         valid_chunk_rate=float(np.mean(runner.valid)) if runner.valid else 1.0,
         tokens_per_chunk=float(np.mean(runner.tokens)) if runner.tokens else 0.0,
-        **(
-            {}
-            if delay_ms is None
-            else dict(
-                delay_ms=delay_ms,
-                decode_ms=decode_ms,
-                delay_steps=delay_steps,
-                request="ahead" if ahead else "when empty",
-            )
-        ),
     )
-    if len(names) == 1:
-        report = {**summarize(results), "env": env_name, "seed_start": seed_start, **common}
-    else:
-        tasks = {
-            name: {**summarize([r for r in results if r.env == name]), "env": name, "seed_start": seed_start}
-            for name in names
-        }
-        rates = [t["success_rate"] for t in tasks.values()]
-        report = {
-            "env": env_name,
-            "episodes": len(results),
-            "episodes_per_task": episodes,
-            "success_rate": float(np.mean(rates)),  # the average over tasks (each has the same episodes)
-            "min_task_success_rate": float(np.min(rates)),
-            "mean_return": float(np.mean([r.ret for r in results])),
-            "mean_length": float(np.mean([r.length for r in results])),
-            "seed_start": seed_start,
-            **{k: v for k, v in summarize(results).items() if k.endswith("_mean") and k != "mean_return"},
-            **common,
-            "tasks": tasks,
-        }
-    settings = dict(
-        env=env_name,
-        episodes=episodes,
-        seed_start=seed_start,
-        n_action_steps=steps,
-        ensemble=ensemble,
-        num_beams=config.num_beams,
-        max_steps=max_steps,
-        num_envs=num_envs,
-        env_options=env_options,
-        **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead)),
-    )
-    report["provenance"] = eval_provenance(policy_dir, settings)
-    if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out_dir / "eval_info.json", json.dumps(report, indent=2) + "\n")
-        if "tasks" in report:
-            rates = {"success": task_rates(report)}
-            atomic_write_text(out_dir / "eval_tasks.md", task_table(rates))
-            plot_tasks(rates, out_dir / "eval_tasks.png", title=env_name)
-        if frames:
-            import imageio.v2 as imageio
 
-            ordered = [f for k in sorted(frames) for f in frames[k]]
-            imageio.mimsave(out_dir / "rollouts.gif", ordered[::2], duration=1 / 40)
-    return report
+
+def _report(results: list, names: list[str], env_name: str, episodes: int, seed_start: int, common: dict) -> dict:
+    """The evaluation report: the summary of the episodes (with one per task when there are several) and ``common``."""
+    if len(names) == 1:
+        return {**summarize(results), "env": env_name, "seed_start": seed_start, **common}
+    tasks = {
+        name: {**summarize([r for r in results if r.env == name]), "env": name, "seed_start": seed_start}
+        for name in names
+    }
+    rates = [t["success_rate"] for t in tasks.values()]
+    return {
+        "env": env_name,
+        "episodes": len(results),
+        "episodes_per_task": episodes,
+        "success_rate": float(np.mean(rates)),  # the average over tasks (each has the same episodes)
+        "min_task_success_rate": float(np.min(rates)),
+        "mean_return": float(np.mean([r.ret for r in results])),
+        "mean_length": float(np.mean([r.length for r in results])),
+        "seed_start": seed_start,
+        **{k: v for k, v in summarize(results).items() if k.endswith("_mean") and k != "mean_return"},
+        **common,
+        "tasks": tasks,
+    }
+
+
+def _write(out_dir: Path, report: dict[str, Any], frames: dict[int, list[np.ndarray]], env_name: str) -> None:
+    """``eval_info.json`` (and per task ``eval_tasks.md`` / ``.png``; the GIF ``rollouts.gif``) in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "eval_info.json", json.dumps(report, indent=2) + "\n")
+    if "tasks" in report:
+        rates = {"success": task_rates(report)}
+        atomic_write_text(out_dir / "eval_tasks.md", task_table(rates))
+        plot_tasks(rates, out_dir / "eval_tasks.png", title=env_name)
+    if frames:
+        import imageio.v2 as imageio
+
+        ordered = [f for k in sorted(frames) for f in frames[k]]
+        imageio.mimsave(out_dir / "rollouts.gif", ordered[::2], duration=1 / 40)
 
 
 def task_rates(report: dict[str, Any]) -> dict[str, float]:
