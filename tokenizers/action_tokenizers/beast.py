@@ -43,13 +43,12 @@ from .base import (
     DecodeMode,
     DecodeResult,
     as_chunk_batch,
-    as_id_batch,
     check_mode,
     check_saved,
     check_size,
     finish_decode,
 )
-from .binning import MAX_N_BINS
+from .binning import MAX_N_BINS, bin_centers, fixed_length_grid, uniform_bins
 from .constraint import Constraint, fixed_length
 
 # Control points are binned over [-bound, bound] in normalised units, where data lies in about [-1, 1]: a bound beyond
@@ -183,7 +182,7 @@ class BEASTTokenizer(ActionTokenizer):
 
     @property
     def bin_centers(self) -> np.ndarray:
-        return self.bound * (-1.0 + (np.arange(self.n_bins) + 0.5) * (2.0 / self.n_bins))
+        return self.bound * bin_centers(self.n_bins)
 
     def control_points(self, chunks: np.ndarray) -> np.ndarray:
         """``[B, N, D]`` fitted control points, before clipping and quantisation.
@@ -206,12 +205,7 @@ class BEASTTokenizer(ActionTokenizer):
         cp = self.control_points(chunks)  # [B, N, D]
         with np.errstate(over="ignore"):
             u = cp / self.bound  # [-1, 1] inside the range; +-inf beyond the float range, clipped like the rest
-        outside = (u < -1.0) | (u > 1.0)
-        self.encode_stats.chunks += len(cp)
-        self.encode_stats.values += cp.size
-        self.encode_stats.clipped += int(outside.sum())
-        bins = np.floor((np.clip(u, -1.0, 1.0) + 1.0) * (self.n_bins / 2.0)).astype(np.int64)
-        bins = np.minimum(bins, self.n_bins - 1)  # a control point at exactly the bound falls in the last bin
+        bins = uniform_bins(u, self.n_bins, self.encode_stats)
         return bins.reshape(len(cp), -1).tolist()  # control-point-major: [B, N * D]
 
     def decode(
@@ -219,25 +213,10 @@ class BEASTTokenizer(ActionTokenizer):
     ) -> DecodeResult:
         check_mode(mode)
         t, d = self._fitted_shape(time_horizon, action_dim)
-        flat, counts = as_id_batch(ids)
-        n = self.n_control_points * d
-        b = len(counts)
-        valid = counts == n
-        errors: list[str | None] = [
-            None if ok else f"{c} ids, expected {n} (= {self.n_control_points} x {d})" for ok, c in zip(valid, counts)
-        ]
-        bad = (flat < 0) | (flat >= self.n_bins)
-        if valid.all() and not bad.any():
-            grid = flat.reshape(b, n)
-        else:  # repair: drop out-of-range ids, pad with the middle bin, truncate
-            row_of = np.repeat(np.arange(b), counts)
-            for i in np.unique(row_of[bad]):
-                valid[i] = False
-                errors[i] = f"id {int(flat[(row_of == i) & bad][0])} is outside [0, {self.n_bins})"
-            grid = np.full((b, n), self.n_bins // 2, dtype=np.int64)
-            for i, row in enumerate(np.split(flat, np.cumsum(counts)[:-1])):
-                row = row[(row >= 0) & (row < self.n_bins)][:n]
-                grid[i, : len(row)] = row
+        grid, valid, errors = fixed_length_grid(
+            ids, self.n_bins, self.n_control_points * d, f"{self.n_control_points} x {d}"
+        )
+        b = len(grid)
         cp = self.bin_centers[grid].reshape(b, self.n_control_points, d)
         actions = np.einsum("tn,bnd->btd", self.basis, cp)
         return finish_decode(actions, valid, errors, mode)

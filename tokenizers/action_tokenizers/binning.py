@@ -4,6 +4,9 @@ Vocabulary: ``n_bins`` ids; bin ``k`` covers ``[-1 + k w, -1 + (k + 1) w)`` with
 Round trip: values inside [-1, 1] come back within half a bin (``1 / n_bins``); values outside are clipped to
 the edge bin and counted in ``encode_stats``. Ids are flattened time-major (step 0's D values, then step 1's).
 Failure mode: a sequence of the wrong length or with an id >= n_bins is invalid.
+
+``uniform_bins``, ``bin_centers`` and ``fixed_length_grid`` are the binning itself, shared with BEAST (which bins its
+control points the same way).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from .base import (
     ActionTokenizer,
     DecodeMode,
     DecodeResult,
+    EncodeStats,
     as_chunk_batch,
-    as_id_rows,
+    as_id_batch,
     check_mode,
     check_saved,
     check_size,
@@ -32,6 +36,44 @@ from .base import (
 from .constraint import Constraint, fixed_length
 
 MAX_N_BINS = MAX_VOCAB_SIZE  # bins per value, the vocabulary (RT-2 and OpenVLA use 256)
+
+
+def uniform_bins(u: np.ndarray, n_bins: int, stats: EncodeStats) -> np.ndarray:
+    """Values ``u`` [B, ...] -> int64 bin ids [B, ...] of ``n_bins`` uniform bins over [-1, 1]; values outside (+-inf
+    included) clip to the edge bins and are counted in ``stats``, with the chunks and values seen."""
+    outside = (u < -1.0) | (u > 1.0)
+    stats.chunks += len(u)
+    stats.values += u.size
+    stats.clipped += int(outside.sum())
+    bins = np.floor((np.clip(u, -1.0, 1.0) + 1.0) * (n_bins / 2.0)).astype(np.int64)
+    return np.minimum(bins, n_bins - 1)  # a value at exactly 1 falls in the last bin
+
+
+def bin_centers(n_bins: int) -> np.ndarray:
+    """The centre of each of ``n_bins`` uniform bins over [-1, 1], [n_bins]."""
+    return -1.0 + (np.arange(n_bins) + 0.5) * (2.0 / n_bins)
+
+
+def fixed_length_grid(ids: Any, n_bins: int, n: int, spelled: str) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """Id sequences that must each hold ``n`` ids in [0, n_bins) -> ``(grid [B, n], valid [B], errors)``. An invalid
+    row is repaired: ids out of range dropped, then cut to ``n`` or padded with the middle bin; its error names the
+    first id out of range, else the count (``spelled`` says what ``n`` is, e.g. "10 x 4")."""
+    flat, counts = as_id_batch(ids)
+    b = len(counts)
+    valid = counts == n
+    errors: list[str | None] = [None if ok else f"{c} ids, expected {n} (= {spelled})" for ok, c in zip(valid, counts)]
+    bad = (flat < 0) | (flat >= n_bins)
+    if valid.all() and not bad.any():
+        return flat.reshape(b, n), valid, errors
+    row_of = np.repeat(np.arange(b), counts)
+    for i in np.unique(row_of[bad]):
+        valid[i] = False
+        errors[i] = f"id {int(flat[(row_of == i) & bad][0])} is outside [0, {n_bins})"
+    grid = np.full((b, n), n_bins // 2, dtype=np.int64)
+    for i, row in enumerate(np.split(flat, np.cumsum(counts)[:-1])):
+        row = row[(row >= 0) & (row < n_bins)][:n]
+        grid[i, : len(row)] = row
+    return grid, valid, errors
 
 
 class BinningTokenizer(ActionTokenizer):
@@ -65,39 +107,19 @@ class BinningTokenizer(ActionTokenizer):
 
     @property
     def bin_centers(self) -> np.ndarray:
-        return -1.0 + (np.arange(self.n_bins) + 0.5) * (2.0 / self.n_bins)
+        return bin_centers(self.n_bins)
 
     def encode(self, chunks: np.ndarray) -> list[list[int]]:
         arr = as_chunk_batch(chunks, time_horizon=self.time_horizon, action_dim=self.action_dim)
-        outside = (arr < -1.0) | (arr > 1.0)
-        self.encode_stats.chunks += arr.shape[0]
-        self.encode_stats.values += arr.size
-        self.encode_stats.clipped += int(outside.sum())
-        bins = np.floor((np.clip(arr, -1.0, 1.0) + 1.0) * (self.n_bins / 2.0)).astype(np.int64)
-        bins = np.minimum(bins, self.n_bins - 1)  # x == 1.0 falls in the last bin
-        return bins.reshape(arr.shape[0], -1).tolist()
+        return uniform_bins(arr, self.n_bins, self.encode_stats).reshape(arr.shape[0], -1).tolist()
 
     def decode(
         self, ids, time_horizon: int | None = None, action_dim: int | None = None, mode: DecodeMode = "mark"
     ) -> DecodeResult:
         check_mode(mode)
         t, d = self._resolve_shape(time_horizon, action_dim)
-        rows = as_id_rows(ids)
-        n = t * d
-        out = np.full((len(rows), n), self.n_bins // 2, dtype=np.int64)  # repair pads with the middle bin
-        valid = np.ones(len(rows), dtype=bool)
-        errors: list[str | None] = [None] * len(rows)
-        for i, row in enumerate(rows):
-            bad = (row < 0) | (row >= self.n_bins)
-            if bad.any():
-                valid[i] = False
-                errors[i] = f"id {int(row[bad][0])} is outside [0, {self.n_bins})"
-                row = row[~bad]
-            if len(row) != n and valid[i]:
-                valid[i] = False
-                errors[i] = f"{len(row)} ids, expected {n} (= {t} x {d})"
-            out[i, : min(len(row), n)] = row[:n]
-        actions = self.bin_centers[out].reshape(len(rows), t, d)
+        grid, valid, errors = fixed_length_grid(ids, self.n_bins, t * d, f"{t} x {d}")
+        actions = self.bin_centers[grid].reshape(len(grid), t, d)
         return finish_decode(actions, valid, errors, mode)
 
     def constraint(self, time_horizon: int | None = None, action_dim: int | None = None) -> Constraint:
