@@ -157,20 +157,20 @@ def generate(
     # masks, buffers) would otherwise each fork and join too. Each phase below decides again for itself.
     whole = LeanSteps.threads_for(model, rows=prompt.input_ids.numel()) if lean else None
     with _intra_op_threads(whole):
+        steps_class = _LeanSteps if lean else _Steps if use_cache else _Recompute
         return _decode(
             model,
             prompt,
             vocab,
             vc,
             images,
-            max_new_tokens,
-            temperature,
-            top_p,
-            use_cache,
-            generator,
-            lean,
-            num_beams,
-            trace,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            generator=generator,
+            steps_class=steps_class,
+            num_beams=num_beams,
+            trace=trace,
         )
 
 
@@ -239,23 +239,137 @@ def _repeat_rows(prompt: Sequence, k: int) -> Sequence:
     return Sequence(**{name: t.repeat_interleave(k, dim=0) for name, t in prompt.__dict__.items()})
 
 
+class _Steps:
+    """How a decoding back-end gives logits: ``prefill()`` -> ``[B, V]`` for the prompt's last position, ``step(token,
+    step)`` -> ``[B, V]`` after feeding ``token`` ``[B]``, ``reorder(rows)`` to follow beam search's survivors, and
+    ``threads()`` for the steps' intra-op threads (None: torch's setting). One class per back-end: transformers'
+    forward with its KV cache (this class), ``_LeanSteps`` (the lean layers on a static cache) and ``_Recompute``
+    (everything recomputed each step, the reference)."""
+
+    def __init__(self, model, prompt: Sequence, images: torch.Tensor | None, max_new_tokens: int) -> None:
+        self.model, self.prompt, self.images = model, prompt, images
+        self.next_position = prompt.position_ids[:, -1] + 1  # [B]: left padding ends every row in the last column
+        self.ones = torch.ones(len(prompt), max_new_tokens, dtype=torch.bool, device=prompt.input_ids.device)
+        self.cache = None
+
+    def prefill(self) -> torch.Tensor:
+        p = self.prompt
+        out = self.model(
+            p.input_ids,
+            p.attention_mask,
+            p.position_ids,
+            token_type_ids=p.ar,
+            images=self.images,
+            use_cache=True,
+            state=p.state,
+            state_slots=p.state_slots,
+        )
+        self.cache = out.past_key_values
+        return self.model.logits(out.last_hidden_state[:, -1])
+
+    def step(self, token: torch.Tensor, step: int) -> torch.Tensor:
+        """One new token attends to every valid key so far (the cache) and itself."""
+        key_valid = torch.cat([self.prompt.valid, self.ones[:, : step + 1]], dim=1)  # [B, Lp + step + 1]
+        out = self.model(
+            token[:, None],
+            key_valid[:, None, :],
+            (self.next_position + step)[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        return self.model.logits(out.last_hidden_state[:, -1])
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.cache.reorder_cache(rows)
+
+    def threads(self) -> int | None:
+        return None
+
+
+class _LeanSteps(_Steps):
+    """The backbone's layers as plain tensor ops on a static KV cache (``vla.model.lean.LeanSteps``): the same
+    arithmetic as transformers' forward, without the framework; one thread for small steps."""
+
+    def __init__(self, model, prompt: Sequence, images: torch.Tensor | None, max_new_tokens: int) -> None:
+        super().__init__(model, prompt, images, max_new_tokens)
+        self.lean = model.lean_steps(prompt, max_new_tokens)
+
+    def prefill(self) -> torch.Tensor:
+        with _intra_op_threads(LeanSteps.threads_for(self.model, rows=self.prompt.input_ids.numel())):
+            return self.model.logits(self.lean.prefill(self.prompt, self.images))
+
+    def step(self, token: torch.Tensor, step: int) -> torch.Tensor:
+        return self.model.logits(self.lean(token, step))
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.lean.reorder(rows)
+
+    def threads(self) -> int | None:
+        return LeanSteps.threads_for(self.model, rows=len(self.prompt))  # see LeanSteps.SINGLE_THREAD_MACS
+
+
+class _Recompute(_Steps):
+    """No cache: the prompt and every token so far recomputed at each step, as one suffix-extended sequence (the
+    reference the cached back-ends must match id for id)."""
+
+    def __init__(self, model, prompt: Sequence, images: torch.Tensor | None, max_new_tokens: int) -> None:
+        super().__init__(model, prompt, images, max_new_tokens)
+        self.tokens = torch.zeros(len(prompt), 0, dtype=torch.long, device=prompt.input_ids.device)
+
+    def prefill(self) -> torch.Tensor:
+        p = self.prompt
+        out = self.model(
+            p.input_ids,
+            p.attention_mask,
+            p.position_ids,
+            token_type_ids=p.ar,
+            images=self.images,
+            use_cache=False,
+            state=p.state,
+            state_slots=p.state_slots,
+        )
+        return self.model.logits(out.last_hidden_state[:, -1])
+
+    def step(self, token: torch.Tensor, step: int) -> torch.Tensor:
+        p = self.prompt
+        new = self.tokens = torch.cat([self.tokens, token[:, None]], dim=1)  # [B, step + 1]: every token so far
+        valid = torch.cat([p.valid, self.ones[:, : step + 1]], dim=1)
+        ar = torch.cat([p.ar, torch.ones_like(new)], dim=1)
+        positions = self.next_position[:, None] + torch.arange(step + 1, device=new.device)  # [B, step + 1]
+        slots = torch.cat([p.state_slots, torch.zeros_like(new, dtype=torch.bool)], dim=1)
+        out = self.model(
+            torch.cat([p.input_ids, new], dim=1),
+            prefix_lm_mask(valid, ar),
+            torch.cat([p.position_ids, positions], dim=1),
+            token_type_ids=ar,
+            images=self.images,
+            state=p.state,
+            state_slots=slots,
+        )
+        return self.model.logits(out.last_hidden_state[:, -1])
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.tokens = self.tokens[rows]
+
+
 def _decode(
     model,
     prompt,
     vocab,
     vc,
     images,
-    max_new_tokens,
-    temperature,
-    top_p,
-    use_cache,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
     generator,
-    lean,
-    num_beams=1,
+    steps_class: type[_Steps],
+    num_beams: int = 1,
     trace=None,
-):
-    """``generate`` after its checks: prefill, then one token per step (lean, transformers' cache, or recomputed);
-    with ``num_beams`` > 1 every row runs as that many hypotheses, the cache following the survivors of each step."""
+) -> Generation:
+    """``generate`` after its checks: the back-end's prefill, then one token per step under the constraint; with
+    ``num_beams`` > 1 every row runs as that many hypotheses, the back-end following the survivors of each step."""
     device = model.device
     prompt = prompt.to(device)
     beams = None
@@ -268,32 +382,13 @@ def _decode(
     states = [vc.start() for _ in range(b)] if vc is not None else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)  # the row emitted "|" or EOS
     done = finished.clone()  # finished, or a hypothesis beam search has no probability left for
-    next_position = prompt.position_ids[:, -1] + 1  # [B]: left padding puts every row's last token in the last column
-    ones = torch.ones(b, max_new_tokens, dtype=torch.bool, device=device)
     tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
-
-    lean_steps = model.lean_steps(prompt, max_new_tokens) if lean else None
-    if lean_steps is not None:
-        with _intra_op_threads(LeanSteps.threads_for(model, rows=prompt.input_ids.numel())):
-            logits = model.logits(lean_steps.prefill(prompt, images))  # [B, V]
-    else:
-        out = model(
-            prompt.input_ids,
-            prompt.attention_mask,
-            prompt.position_ids,
-            token_type_ids=prompt.ar,
-            images=images,
-            use_cache=use_cache,
-            state=prompt.state,
-            state_slots=prompt.state_slots,
-        )
-        cache = out.past_key_values if use_cache else None
-        logits = model.logits(out.last_hidden_state[:, -1])  # [B, V]
-    # one thread for small steps (see LeanSteps.SINGLE_THREAD_MACS); transformers' paths keep torch's setting
-    with _intra_op_threads(LeanSteps.threads_for(model, rows=b) if lean_steps is not None else None):
-        steps = 0
-        nonfinite = torch.zeros(b, dtype=torch.bool, device=device)  # rows whose logits held NaN/inf: never valid
-        log_prob = torch.zeros(b, device=device)
+    nonfinite = torch.zeros(b, dtype=torch.bool, device=device)  # rows whose logits held NaN/inf: never valid
+    log_prob = torch.zeros(b, device=device)
+    back_end = steps_class(model, prompt, images, max_new_tokens)
+    logits = back_end.prefill()  # [B, V]
+    steps = 0
+    with _intra_op_threads(back_end.threads()):
         for step in range(max_new_tokens):
             nonfinite |= ~torch.isfinite(logits).all(dim=-1) & ~done  # on the device: no sync per step
             allowed = _allowed(logits, vc, states, vocab)
@@ -304,10 +399,7 @@ def _decode(
                 allowed, log_prob = allowed[rows], log_prob[rows]
                 tokens, finished, nonfinite = tokens[rows], finished[rows], nonfinite[rows]
                 states = [states[i] for i in rows.tolist()] if states is not None else None
-                if lean_steps is not None:
-                    lean_steps.reorder(rows)
-                elif use_cache:
-                    cache.reorder_cache(rows)
+                back_end.reorder(rows)
                 done = finished | beams.dead
             token = token.masked_fill(done, pad)
             if trace is not None:
@@ -323,36 +415,7 @@ def _decode(
             done |= finished
             if step + 1 == max_new_tokens or bool(done.all()):
                 break
-            if lean_steps is not None:  # the backbone's layers on the static cache (same arithmetic, no framework)
-                logits = model.logits(lean_steps(token, step))
-                continue
-            if use_cache:  # one new token attends to every valid key so far (the cache) and itself
-                key_valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)  # [B, Lp + step + 1]
-                out = model(
-                    token[:, None],
-                    key_valid[:, None, :],
-                    (next_position + step)[:, None],
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                cache = out.past_key_values
-            else:  # recompute everything: prompt + tokens so far, as one suffix-extended sequence
-                new = tokens[:, : step + 1]
-                valid = torch.cat([prompt.valid, ones[:, : step + 1]], dim=1)
-                ar = torch.cat([prompt.ar, torch.ones_like(new)], dim=1)
-                new_positions = next_position[:, None] + torch.arange(step + 1, device=device)  # [B, step + 1]
-                positions = torch.cat([prompt.position_ids, new_positions], dim=1)
-                slots = torch.cat([prompt.state_slots, torch.zeros_like(new, dtype=torch.bool)], dim=1)
-                out = model(
-                    torch.cat([prompt.input_ids, new], dim=1),
-                    prefix_lm_mask(valid, ar),
-                    positions,
-                    token_type_ids=ar,
-                    images=images,
-                    state=prompt.state,
-                    state_slots=slots,
-                )
-            logits = model.logits(out.last_hidden_state[:, -1])
+            logits = back_end.step(token, step)
     if beams is not None:  # each prompt's most probable hypothesis
         best = beams.best()
         tokens, finished, nonfinite, log_prob = tokens[best], finished[best], nonfinite[best], log_prob[best]
