@@ -10,9 +10,12 @@ preset's) run on one CPU thread (``LeanSteps.SINGLE_THREAD_MACS``). The ids equa
 (``tests/test_decode.py``, greedy and sampled); backbones that are not plain Gemma take transformers' path, and
 ``lean=False`` forces it (the baseline of ``scripts/bench_decode.py``).
 
-Training takes the same route: ``PrefixLM.loss`` gets the loss positions' hidden states from ``suffix_hidden``, the
-same layers as differentiable tensor ops on the batch's valid tokens only (no work on padding), with the last layer's
-MLP run only where the loss reads. ``PrefixLM.compile_training = True`` (``vla train --compile=true``) runs those
+The layers are written once, ``gemma_layers``, over token rows; what differs between training, the prefill and a
+step is only how a layer's rows attend (``attend``: a packed batch in its padded sequences, a prompt writing the KV
+cache, one token per row reading it) and where the weights come from (``layer_weights``). Training takes the same
+route: ``PrefixLM.loss`` gets the loss positions' hidden states from ``suffix_hidden``, the layers as differentiable
+tensor ops on the batch's valid tokens only (no work on padding), with the last layer's MLP run only where the loss
+reads. ``PrefixLM.compile_training = True`` (``vla train --compile=true``) runs those
 layers through ``torch.compile`` (inductor; shapes dynamic, so FAST's varying lengths do not recompile), and falls
 back to the uncompiled layers, with a warning, where it cannot compile.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -58,27 +62,12 @@ class LeanSteps:
         self.layers = list(lm.layers)
         self.heads, self.kv_heads = lm.config.num_attention_heads, lm.config.num_key_value_heads
         self.head_dim = self.layers[0].self_attn.head_dim
-        # Gemma's RMSNorm is computed in float32 and scales by (1 + weight): fold the 1 in once (one F.rms_norm)
         self.eps = lm.norm.eps
-        self.norm_weights = [
-            (1.0 + layer.input_layernorm.weight.float(), 1.0 + layer.post_attention_layernorm.weight.float())
-            for layer in self.layers
-        ]
-        self.final_norm_weight = 1.0 + lm.norm.weight.float()
         fused_bytes = sum(sum(p.numel() * p.element_size() for p in _projections(layer)) for layer in self.layers)
-        self.weights = [_fused(layer) if fused_bytes <= self.FUSE_MAX_BYTES else None for layer in self.layers]
-        # What one step reads per layer, looked up once (nn.Module attribute access costs more than a small op):
-        # the norms' scales and the transposed projection weights for ``h @ w`` on [B, H] rows (q, k, v as one
-        # product when fused, else three; gate and up likewise).
-        self.plan = []
-        for layer, (w_in, w_post), fused in zip(self.layers, self.norm_weights, self.weights):
-            a, m = layer.self_attn, layer.mlp
-            if fused is not None:
-                qkv, gate_up = (fused[0].t(),), (fused[1].t(),)
-            else:
-                qkv = (a.q_proj.weight.t(), a.k_proj.weight.t(), a.v_proj.weight.t())
-                gate_up = (m.gate_proj.weight.t(), m.up_proj.weight.t())
-            self.plan.append((w_in, qkv, a.o_proj.weight.t(), w_post, gate_up, m.down_proj.weight.t(), a.scaling))
+        # What a layer reads, looked up once (nn.Module attribute access costs more than a small op): the norms' scales
+        # with Gemma's 1 folded in, and q/k/v and gate/up as one product each for small models (``_fused``).
+        self.weights = [layer_weights(layer, fused=fused_bytes <= self.FUSE_MAX_BYTES) for layer in self.layers]
+        self.final_norm_weight = 1.0 + lm.norm.weight.float()
         self.lp = lp
         device, dtype = model.device, model.dtype
         self.keys = [
@@ -129,34 +118,60 @@ class LeanSteps:
         last ``last`` positions' ``[B, last, H]`` (parallel decoding's slots: its one pass)."""
         model = self.model
         x = embed_sequence(model, prompt, images)  # [B, Lp, H]
+        b, lq, hidden = x.shape
         cos, sin = self.rotary(x, prompt.position_ids.to(model.device))  # [B, Lp, hd]
         mask = model.additive_mask(prompt.attention_mask)  # [B, 1, Lp, Lp]: the prefix-LM mask
-        if last:  # only the last columns go through the final norm (the slots' hidden states)
-            return self.layers_forward(x, cos[:, None], _signed(sin)[:, None], mask, 0, last=last)
-        return self.layers_forward(x, cos[:, None], _signed(sin)[:, None], mask, 0, last=1)[:, -1]
+        nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
+
+        def attend(i: int, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # [B * Lp, ., hd] -> [B * Lp, nh * hd]
+            qk, v = qk.view(b, lq, -1, hd).transpose(1, 2), v.view(b, lq, -1, hd).transpose(1, 2)  # [B, ., Lp, hd]
+            q, k = qk[:, :nh], qk[:, nh:]
+            self.keys[i][:, :, :lq], self.values[i][:, :, :lq] = k, v
+            o = F.scaled_dot_product_attention(
+                q,
+                self.keys[i][:, :, :lq],
+                self.values[i][:, :, :lq],
+                attn_mask=mask,
+                scale=self.weights[i].scale,
+                enable_gqa=True,
+            )
+            return o.transpose(1, 2).reshape(b * lq, nh * hd)
+
+        rows = gemma_layers(
+            x.reshape(b * lq, hidden),
+            self.weights,
+            _rows(cos, hd),
+            _rows(_signed(sin), hd),
+            attend,
+            (nh, nkv, hd),
+            self.eps,
+            self.final_norm_weight,
+        ).view(b, lq, hidden)  # every position through every layer: the numbers do not depend on how many are read
+        return rows[:, -last:] if last else rows[:, -1]  # [B, last, H] or [B, H]
 
     def __call__(self, token: torch.Tensor, step: int) -> torch.Tensor:
-        """``layers_forward`` for one token per row, written for ``[B, H]`` rows (no query axis, no transposes)."""
+        """One token per row (``[B]``, the ids sampled at ``step``) through the layers at cache column ``Lp + step``:
+        the hidden state ``[B, H]`` after the final norm."""
         b, col = len(token), self.lp + step
-        n, half, nh, nkv, hd = col + 1, self.head_dim // 2, self.heads, self.kv_heads, self.head_dim
-        cos, sin = self.cos[:, :, step], self.sin[:, :, step]  # [B, 1, hd]
+        n, nh, nkv, hd = col + 1, self.heads, self.kv_heads, self.head_dim
         mask = self.mask[..., :n]  # [B, 1, 1, n]
-        x = self.embed(token)  # [B, H], scaled by sqrt(H) as Gemma's embedding does
-        for plan, keys, values in zip(self.plan, self.keys, self.values):
-            w_in, w_qkv, w_o, w_post, w_gate_up, w_down, scale = plan
-            h = self._norm(x, w_in)
-            qkv = _matmul(h, w_qkv).view(b, nh + 2 * nkv, hd)  # [B, heads, hd]: queries, keys, values
-            qk = qkv[:, : nh + nkv]
-            qk = qk * cos + qk.roll(half, -1) * sin  # RoPE on queries and keys at once
-            keys[:, :, col], values[:, :, col] = qk[:, nh:], qkv[:, nh + nkv :]
+
+        def attend(i: int, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # [B, ., hd] -> [B, nh * hd]
+            q, keys, values = qk[:, :nh], self.keys[i], self.values[i]
+            keys[:, :, col], values[:, :, col] = qk[:, nh:], v
             o = F.scaled_dot_product_attention(
-                qk[:, :nh, None], keys[:, :, :n], values[:, :, :n], attn_mask=mask, scale=scale, enable_gqa=True
+                q[:, :, None],
+                keys[:, :, :n],
+                values[:, :, :n],
+                attn_mask=mask,
+                scale=self.weights[i].scale,
+                enable_gqa=True,
             )  # [B, nh, 1, hd]
-            x = x + o.reshape(b, nh * hd) @ w_o
-            h = self._norm(x, w_post)
-            gate, up = _matmul(h, w_gate_up).chunk(2, dim=-1)
-            x = x + (F.gelu(gate, approximate="tanh") * up) @ w_down  # Gemma's gelu_pytorch_tanh
-        return self._norm(x, self.final_norm_weight)
+            return o.reshape(b, nh * hd)
+
+        x = self.embed(token)  # [B, H], scaled by sqrt(H) as Gemma's embedding does
+        cos, sin = self.cos[:, :, step], self.sin[:, :, step]  # [B, 1, hd]
+        return gemma_layers(x, self.weights, cos, sin, attend, (nh, nkv, hd), self.eps, self.final_norm_weight)
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Row ``i`` takes row ``rows[i]``'s cache, mask and positions (beam search's survivors, ``[B]`` indices)."""
@@ -164,47 +179,96 @@ class LeanSteps:
         self.values = [v.index_select(0, rows) for v in self.values]
         self.mask, self.cos, self.sin = (t.index_select(0, rows) for t in (self.mask, self.cos, self.sin))
 
-    def layers_forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, col: int, last: int = 0
-    ):
-        """``x`` ``[B, Lq, H]`` at cache columns ``col .. col + Lq - 1``, attending to the columns ``mask`` covers
-        (``[B, 1, Lq, n]``, additive): the hidden states ``[B, Lq, H]`` after the final norm (only the last
-        ``last`` positions' when ``last`` > 0). ``sin`` is signed (``_signed``), so RoPE is
-        ``x * cos + roll(x, hd / 2) * sin``."""
-        b, lq = x.shape[:2]
-        n, half, nh, nkv = mask.shape[-1], self.head_dim // 2, self.heads, self.kv_heads
-        for layer, keys, values, (w_in, w_post), fused in zip(
-            self.layers, self.keys, self.values, self.norm_weights, self.weights
-        ):
-            a, m = layer.self_attn, layer.mlp
-            h = self._norm(x, w_in)
-            if fused is not None:  # one product for q, k and v: [B, Lq, (nh + 2 nkv) * hd] -> [B, heads, Lq, hd]
-                qkv = F.linear(h, fused[0]).view(b, lq, nh + 2 * nkv, self.head_dim).transpose(1, 2)
-                qk = qkv[:, : nh + nkv]
-                qk = qk * cos + qk.roll(half, -1) * sin  # RoPE on queries and keys at once
-                q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :]
-            else:
-                q = F.linear(h, a.q_proj.weight).view(b, lq, nh, self.head_dim).transpose(1, 2)
-                k = F.linear(h, a.k_proj.weight).view(b, lq, nkv, self.head_dim).transpose(1, 2)
-                v = F.linear(h, a.v_proj.weight).view(b, lq, nkv, self.head_dim).transpose(1, 2)
-                q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
-            keys[:, :, col : col + lq], values[:, :, col : col + lq] = k, v
-            o = F.scaled_dot_product_attention(
-                q, keys[:, :, :n], values[:, :, :n], attn_mask=mask, scale=a.scaling, enable_gqa=True
-            )  # [B, nh, Lq, hd]
-            x = x + F.linear(o.transpose(1, 2).reshape(b, lq, -1), a.o_proj.weight)
-            h = self._norm(x, w_post)
-            if fused is not None:
-                gate, up = F.linear(h, fused[1]).chunk(2, dim=-1)
-            else:
-                gate, up = F.linear(h, m.gate_proj.weight), F.linear(h, m.up_proj.weight)
-            x = x + F.linear(m.act_fn(gate) * up, m.down_proj.weight)
-        return self._norm(x[:, -last:] if last else x, self.final_norm_weight)
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, x.shape[-1:], weight, self.eps)
-        return F.rms_norm(x.float(), x.shape[-1:], weight, self.eps).to(x.dtype)
+# --- the layers: written once, for training, the prefill and each step ------------------------------------------------
+@dataclass(frozen=True)
+class LayerWeights:
+    """What one Gemma layer reads: its norms' scales (``1 + weight``, float32), the q/k/v and gate/up projections (one
+    fused ``[out, H]`` matrix each, or the separate ones) and the rest as the layer holds them."""
+
+    norm_in: torch.Tensor
+    qkv: tuple[torch.Tensor, ...]
+    o: torch.Tensor
+    norm_post: torch.Tensor
+    gate_up: tuple[torch.Tensor, ...]
+    down: torch.Tensor
+    scale: float  # attention's 1 / sqrt(head_dim) (or the model's query_pre_attn_scalar)
+
+
+def layer_weights(layer, fused: bool, training: bool = False) -> LayerWeights:
+    """``layer``'s ``LayerWeights``: for training differentiable (norm scales and stacked projections computed from the
+    parameters at each call), for decoding the norm scales computed once and, with ``fused``, the stacked projections
+    cached (``_fused``)."""
+    a, m = layer.self_attn, layer.mlp
+    if training:
+        qkv, gate_up = (
+            (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),),
+            (torch.cat([m.gate_proj.weight, m.up_proj.weight]),),
+        )
+    elif fused:
+        qkv, gate_up = ((w,) for w in _fused(layer))
+    else:
+        qkv, gate_up = (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), (m.gate_proj.weight, m.up_proj.weight)
+    return LayerWeights(
+        norm_in=1.0 + layer.input_layernorm.weight.float(),
+        qkv=qkv,
+        o=a.o_proj.weight,
+        norm_post=1.0 + layer.post_attention_layernorm.weight.float(),
+        gate_up=gate_up,
+        down=m.down_proj.weight,
+        scale=a.scaling,
+    )
+
+
+def gemma_layers(
+    x,
+    weights: list[LayerWeights],
+    cos,
+    sin,
+    attend,
+    heads: tuple[int, int, int],
+    eps: float,
+    final_norm: torch.Tensor,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Gemma's decoder layers and final norm on token rows: ``x`` ``[N, H]``, RoPE's ``cos`` and signed ``sin``
+    (``_signed``) ``[N, 1, hd]``, ``heads`` = (query heads, key/value heads, head_dim). ``attend(i, qkv)`` is layer
+    ``i``'s attention over the queries and keys ``qk`` ``[N, nh + nkv, hd]`` (RoPE applied) and the values ``v``
+    ``[N, nkv, hd]``: how the rows sit in their
+    sequences and what they see (a packed batch, a prompt writing the KV cache, one token reading it) -> ``[N, nh *
+    hd]``. ``keep`` (``[M]`` rows): only these go on after the last layer's attention (nothing after it reaches
+    another row), so the result is ``[M, H]``. The arithmetic is transformers' Gemma layer's."""
+    nh, nkv, hd = heads
+    half = hd // 2
+    for i, w in enumerate(weights):
+        h = _rms_norm(x, w.norm_in, eps)
+        qkv = _project(h, w.qkv).view(-1, nh + 2 * nkv, hd)
+        qk = qkv[:, : nh + nkv]
+        o = attend(i, qk * cos + qk.roll(half, -1) * sin, qkv[:, nh + nkv :])  # RoPE on q and k at once
+        if keep is not None and i == len(weights) - 1:
+            x, o = x.index_select(0, keep), o.index_select(0, keep)
+        x = x + F.linear(o, w.o)
+        h = _rms_norm(x, w.norm_post, eps)
+        gate, up = _project(h, w.gate_up).chunk(2, dim=-1)
+        x = x + F.linear(F.gelu(gate, approximate="tanh") * up, w.down)  # Gemma's gelu_pytorch_tanh
+    return _rms_norm(x, final_norm, eps)
+
+
+def _rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm, computed in float32, by ``scale`` = ``1 + weight``."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], scale, eps)
+    return F.rms_norm(x.float(), x.shape[-1:], scale, eps).to(x.dtype)
+
+
+def _project(h: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``h`` through one stacked projection, or several whose outputs sit side by side."""
+    return F.linear(h, weights[0]) if len(weights) == 1 else torch.cat([F.linear(h, w) for w in weights], dim=-1)
+
+
+def _rows(t: torch.Tensor, hd: int) -> torch.Tensor:
+    """``[B, L, hd]`` -> ``[B * L, 1, hd]``: a table per token row."""
+    return t.reshape(-1, 1, hd)
 
 
 def embed_sequence(model, seq: Sequence, images: torch.Tensor | None) -> torch.Tensor:
@@ -276,29 +340,22 @@ def _packed_stack(lm, x, rows, reads, cos, sin, mask):
     nh, nkv = lm.config.num_attention_heads, lm.config.num_key_value_heads
     layers = list(lm.layers)
     hd = layers[0].self_attn.head_dim
-    half, heads = hd // 2, nh + 2 * nkv
-    x = x.reshape(b * length, -1).index_select(0, rows)  # [N, H]
-    cos = cos.reshape(b * length, 1, hd).index_select(0, rows)  # [N, 1, hd]
-    sin = sin.reshape(b * length, 1, hd).index_select(0, rows)
-    eps = lm.norm.eps
-    for i, layer in enumerate(layers):
-        a, m = layer.self_attn, layer.mlp
-        h = _train_norm(x, layer.input_layernorm.weight, eps)
-        qkv = F.linear(h, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])).view(-1, heads, hd)
-        qk = qkv[:, : nh + nkv]
-        qkv = torch.cat([qk * cos + qk.roll(half, -1) * sin, qkv[:, nh + nkv :]], dim=1)  # RoPE on q and k
-        padded = qkv.new_zeros(b * length, heads, hd).index_copy(0, rows, qkv)  # [B * L, heads, hd]
-        padded = padded.view(b, length, heads, hd).transpose(1, 2)  # [B, heads, L, hd]
+    weights = [layer_weights(layer, fused=True, training=True) for layer in layers]
+
+    def attend(
+        i: int, qk: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:  # the packed rows in their sequences, and back
+        qkv = torch.cat([qk, v], dim=1)
+        padded = qkv.new_zeros(b * length, nh + 2 * nkv, hd).index_copy(0, rows, qkv)  # [B * L, heads, hd]
+        padded = padded.view(b, length, -1, hd).transpose(1, 2)  # [B, heads, L, hd]
         q, k, v = padded[:, :nh], padded[:, nh : nh + nkv], padded[:, nh + nkv :]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling, enable_gqa=nkv != nh)
-        o = o.transpose(1, 2).reshape(b * length, nh * hd).index_select(0, rows)  # [N, nh * hd]
-        if i == len(layers) - 1:  # the last layer: only the positions the loss reads go on
-            x, o = x.index_select(0, reads), o.index_select(0, reads)
-        x = x + F.linear(o, a.o_proj.weight)
-        h = _train_norm(x, layer.post_attention_layernorm.weight, eps)
-        gate, up = F.linear(h, torch.cat([m.gate_proj.weight, m.up_proj.weight])).chunk(2, dim=-1)
-        x = x + F.linear(m.act_fn(gate) * up, m.down_proj.weight)
-    return _train_norm(x, lm.norm.weight, eps)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=weights[i].scale, enable_gqa=nkv != nh)
+        return o.transpose(1, 2).reshape(b * length, nh * hd).index_select(0, rows)  # [N, nh * hd]
+
+    x = x.reshape(b * length, -1).index_select(0, rows)  # [N, H]
+    cos, sin = (t.reshape(b * length, 1, hd).index_select(0, rows) for t in (cos, sin))  # [N, 1, hd]
+    final = 1.0 + lm.norm.weight.float()
+    return gemma_layers(x, weights, cos, sin, attend, (nh, nkv, hd), lm.norm.eps, final, keep=reads)
 
 
 _COMPILED = []
@@ -310,16 +367,6 @@ def _compiled_stack():
     if not _COMPILED:
         _COMPILED.append(torch.compile(_packed_stack, dynamic=True))
     return _COMPILED[0]
-
-
-def _train_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Gemma's RMSNorm (computed in float32, scaled by ``1 + weight``), differentiable in ``weight``."""
-    return F.rms_norm(x.float(), x.shape[-1:], 1.0 + weight.float(), eps).to(x.dtype)
-
-
-def _matmul(h: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """``h @ w`` for one fused weight, or the outputs of several side by side."""
-    return h @ weights[0] if len(weights) == 1 else torch.cat([h @ w for w in weights], dim=-1)
 
 
 def _linear_modules(layer) -> tuple:
