@@ -166,6 +166,17 @@ class VLAConfig(PreTrainedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_model()
+        self._check_optimizer()
+        self._check_chunking()
+        self._check_sizes()
+        self._check_observation()
+        self._check_actions()
+        self._check_decoding()
+        self.optimizer_betas = tuple(self.optimizer_betas)  # YAML gives a list
+
+    def _check_model(self) -> None:
+        """The backbone: its preset, weights, attention and dtype, and the vision encoder."""
         if self.preset not in PRESETS:
             raise ValueError(
                 f"preset {self.preset!r} is unknown{suggestion(self.preset, PRESETS, 0.4)}; "
@@ -187,6 +198,9 @@ class VLAConfig(PreTrainedConfig):
             self.vision_encoder,
             f"use one of {', '.join(VISION_ENCODERS)} or {AUTO!r} (chosen when training starts){close}",
         )
+
+    def _check_optimizer(self) -> None:
+        """LeRobot's optimiser and schedule presets."""
         _check(self.optimizer_lr > 0, "optimizer_lr", self.optimizer_lr, "use a positive learning rate (3e-3 for tiny)")
         _check(
             self.optimizer_grad_clip_norm > 0,
@@ -213,6 +227,9 @@ class VLAConfig(PreTrainedConfig):
             self.scheduler_decay_lr,
             f"use a value in [0, optimizer_lr = {self.optimizer_lr}]",
         )
+
+    def _check_chunking(self) -> None:
+        """The chunk: its length, how much of it runs, the states shown and the ensemble."""
         _check(
             self.time_horizon is None or self.time_horizon >= 1,
             "time_horizon",
@@ -243,6 +260,9 @@ class VLAConfig(PreTrainedConfig):
             self.temporal_ensemble,
             "use a coefficient >= 0 (ACT's 0.01) or None (no ensembling)",
         )
+
+    def _check_sizes(self) -> None:
+        """Sizes: positive where set, and within ``SIZE_BOUNDS``; the data's fps and state size."""
         for name in ("action_dim", "image_size", "max_action_tokens"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "use a positive integer or leave it unset (None)")
@@ -258,6 +278,9 @@ class VLAConfig(PreTrainedConfig):
             self.state_dim,
             "use a positive integer, 0 (no state: an image-only policy) or leave it unset (None: from the data)",
         )
+
+    def _check_observation(self) -> None:
+        """The cameras, the prompt and how the state is written into it."""
         _check(self.image_shift >= 0, "image_shift", self.image_shift, "use 0 (no shift) or a few pixels, e.g. 4")
         # observation.images.<cam>, or LeRobot's one-camera key observation.image (its Meta-World env's)
         keys = self.image_keys or []
@@ -276,6 +299,9 @@ class VLAConfig(PreTrainedConfig):
         )
         _check(self.attention in ATTENTIONS, "attention", self.attention, f"use one of {', '.join(ATTENTIONS)}")
         _check(self.decoding in DECODINGS, "decoding", self.decoding, f"use one of {', '.join(DECODINGS)}")
+
+    def _check_actions(self) -> None:
+        """Relative actions and the action dimensions they are relative to."""
         if isinstance(self.relative_actions, str):
             _check(
                 self.relative_actions in RELATIVE_CHOICES,
@@ -313,6 +339,9 @@ class VLAConfig(PreTrainedConfig):
                 self.action_state_dims,
                 f"use state dimensions in [0, {self.state_dim})",
             )
+
+    def _check_decoding(self) -> None:
+        """Decoding (sampling, beams), the tokenizer's spelling and the normalisers."""
         _check(self.state_tokens >= 1, "state_tokens", self.state_tokens, "use a positive number (1 is typical)")
         _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")
@@ -329,7 +358,6 @@ class VLAConfig(PreTrainedConfig):
         for name in ("action_norm_mode", "state_norm_mode"):
             mode = getattr(self, name)
             _check(mode in NORM_MODES, name, mode, f"use one of {', '.join(NORM_MODES)}")
-        self.optimizer_betas = tuple(self.optimizer_betas)  # YAML gives a list
 
     def check_num_beams(self, num_beams: Any) -> None:
         """Raise unless ``num_beams`` suits this policy (a positive integer; > 1 only for greedy autoregressive)."""
