@@ -249,37 +249,9 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         list(info.camera_keys),
         f"every camera of the dataset: {cams}" if cams else "the dataset has no camera: state and task only",
     )
-    if not keys:
-        encoder, why = "siglip", "no camera is read (unused)"
-    elif p.backbone_path:
-        encoder, why = "siglip", "PaliGemma's own tower, pretrained (backbone_path)"
-    else:
-        encoder, why = (
-            "conv",
-            (
-                "cameras learnt from scratch: the conv stem learns to see where SigLIP from scratch "
-                "learns to ignore the camera (configs/images.yaml: 34% against 6% on push-v3)"
-            ),
-        )
-    encoder = pick("policy.vision_encoder", p.vision_encoder, p.vision_encoder == AUTO, encoder, why)
-
-    seconds = p.chunk_seconds
-    if seconds is not None or p.time_horizon is None:
-        from_user = seconds is not None
-        seconds = seconds if from_user else CHUNK_SECONDS
-        horizon, longest = max(1, round(seconds * info.fps)), int(info.episode_lengths.max())
-        why = (
-            f"{seconds:g} s at {info.fps} fps ("
-            + ("policy.chunk_seconds" if from_user else "the default chunk, policy.chunk_seconds unset")
-            + ")"
-        )
-        if from_user and p.time_horizon is not None and p.time_horizon != horizon:
-            why += f"; chunk_seconds decides T, not time_horizon={p.time_horizon}"
-        if horizon > longest:
-            horizon, why = longest, why + f", cut to the longest episode ({longest} frames)"
-        horizon = pick("policy.time_horizon", p.time_horizon, True, horizon, why)
-    else:
-        horizon = pick("policy.time_horizon", p.time_horizon, False, None, "")
+    encoder = pick("policy.vision_encoder", p.vision_encoder, p.vision_encoder == AUTO, *_encoder(keys, p))
+    seconds, horizon, why = _chunk(p, info)
+    horizon = pick("policy.time_horizon", p.time_horizon, horizon is not None, horizon, why)
     n_action = pick(
         "policy.n_action_steps",
         p.n_action_steps,
@@ -287,20 +259,7 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         max(1, horizon // 2),
         "half the chunk runs before the next is predicted (the fixed recipe's 5 of 10)",
     )
-    reads_state = info.state_dim is not None and p.state_dim != 0
-    if not reads_state:
-        history, why = 1, "the policy reads no state"
-    elif keys:
-        history, why = 1, "the policy reads cameras: the current state with them"
-    else:
-        history, why = (
-            STATE_HISTORY,
-            (
-                f"state only: positions alone do not show motion; the last {STATE_HISTORY} "
-                "states show it (configs/piper_grape.yaml's recipe)"
-            ),
-        )
-    history = pick("policy.n_obs_steps", p.n_obs_steps, p.n_obs_steps is None, history, why)
+    history = pick("policy.n_obs_steps", p.n_obs_steps, p.n_obs_steps is None, *_history(p, info, keys))
     decay = pick(
         "policy.scheduler_decay_steps",
         p.scheduler_decay_steps,
@@ -308,18 +267,7 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         cfg.steps,
         f"the run's steps ({cfg.steps}): the cosine decay ends at the last step",
     )
-    if info.num_episodes >= 2:
-        n = min(max(1, round(HELDOUT_SHARE * info.num_episodes)), info.num_episodes - 1)
-        share, why = (
-            HELDOUT_SHARE,
-            (
-                f"{n} of {info.num_episodes} episodes kept out of training for the offline "
-                "report (the policy against the mean-action and hold-the-state baselines)"
-            ),
-        )
-    else:
-        share, why = 0.0, "one episode: nothing to hold out, so no offline report"
-    heldout = pick("heldout_episodes", cfg.heldout_episodes, cfg.heldout_episodes is None, share, why)
+    heldout = pick("heldout_episodes", cfg.heldout_episodes, cfg.heldout_episodes is None, *_heldout(info))
 
     policy = dataclasses.replace(
         p,
@@ -336,6 +284,59 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
     choices += more
     chosen = {c.name: f"{_text(c.value)}: {c.why}" for c in choices if not c.given}
     return dataclasses.replace(cfg, policy=policy, heldout_episodes=heldout, chosen=chosen), choices
+
+
+def _encoder(keys: list[str], p) -> tuple[str, str]:
+    """The vision encoder for cameras ``keys``, and why."""
+    if not keys:
+        return "siglip", "no camera is read (unused)"
+    if p.backbone_path:
+        return "siglip", "PaliGemma's own tower, pretrained (backbone_path)"
+    return "conv", (
+        "cameras learnt from scratch: the conv stem learns to see where SigLIP from scratch "
+        "learns to ignore the camera (configs/images.yaml: 34% against 6% on push-v3)"
+    )
+
+
+def _chunk(p, info: reader.DatasetInfo) -> tuple[float | None, int | None, str]:
+    """``(chunk_seconds, T, why)``: T from ``chunk_seconds`` (given, or the default when T is unset) at the data's fps,
+    cut to the longest episode; T None when ``time_horizon`` is given without ``chunk_seconds`` (it stands)."""
+    seconds = p.chunk_seconds
+    if seconds is None and p.time_horizon is not None:
+        return seconds, None, ""
+    from_user = seconds is not None
+    seconds = seconds if from_user else CHUNK_SECONDS
+    horizon, longest = max(1, round(seconds * info.fps)), int(info.episode_lengths.max())
+    source = "policy.chunk_seconds" if from_user else "the default chunk, policy.chunk_seconds unset"
+    why = f"{seconds:g} s at {info.fps} fps ({source})"
+    if from_user and p.time_horizon is not None and p.time_horizon != horizon:
+        why += f"; chunk_seconds decides T, not time_horizon={p.time_horizon}"
+    if horizon > longest:
+        horizon, why = longest, why + f", cut to the longest episode ({longest} frames)"
+    return seconds, horizon, why
+
+
+def _history(p, info: reader.DatasetInfo, keys: list[str]) -> tuple[int, str]:
+    """How many states the policy is shown, and why."""
+    if info.state_dim is None or p.state_dim == 0:
+        return 1, "the policy reads no state"
+    if keys:
+        return 1, "the policy reads cameras: the current state with them"
+    return STATE_HISTORY, (
+        f"state only: positions alone do not show motion; the last {STATE_HISTORY} "
+        "states show it (configs/piper_grape.yaml's recipe)"
+    )
+
+
+def _heldout(info: reader.DatasetInfo) -> tuple[float, str]:
+    """The share of episodes held out for the offline report, and why."""
+    if info.num_episodes < 2:
+        return 0.0, "one episode: nothing to hold out, so no offline report"
+    n = min(max(1, round(HELDOUT_SHARE * info.num_episodes)), info.num_episodes - 1)
+    return HELDOUT_SHARE, (
+        f"{n} of {info.num_episodes} episodes kept out of training for the offline "
+        "report (the policy against the mean-action and hold-the-state baselines)"
+    )
 
 
 def resolve(cfg, info: reader.DatasetInfo, log=print):
