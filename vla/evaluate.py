@@ -15,6 +15,7 @@ decoded validly, as JSON (and an optional GIF of the first episodes when the pol
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -204,12 +205,7 @@ def evaluate(
         decode_ms = decode_time(runner, envs[0], seed_start) if decode_ms is None else decode_ms
         delay = _delay(delay_ms, decode_ms, ahead, envs[0].fps, config.time_horizon)
     frames: dict[int, list[np.ndarray]] = {}
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(episode_list), desc=f"eval {env_name}", unit="ep")
-    try:
+    with _closing(envs), _bar(progress, len(episode_list), f"eval {env_name}") as bar:
         results = run_episodes(
             envs,
             runner,
@@ -222,11 +218,6 @@ def evaluate(
             on_step=_gif_frames(frames, gif_episodes, list(config.image_keys)),
             on_episode=(lambda r: bar.update(1)) if bar else None,
         )
-    finally:
-        if bar is not None:
-            bar.close()
-        for env in envs:
-            env.close()
     common = _decoding(runner, n_action_steps, ensemble, config.num_beams, len(envs)) | (delay or {})
     report = _report(results, names, env_name, episodes, seed_start, common)
     settings = dict(
@@ -245,6 +236,31 @@ def evaluate(
     if out_dir is not None:
         _write(Path(out_dir), report, frames, env_name)
     return report
+
+
+@contextlib.contextmanager
+def _closing(envs: list):
+    """The envs for the block, closed after it (their renderers released) whatever happens."""
+    try:
+        yield envs
+    finally:
+        for env in envs:
+            env.close()
+
+
+@contextlib.contextmanager
+def _bar(show: bool, total: int, desc: str):
+    """A progress bar over ``total`` episodes for the block (None when not ``show``)."""
+    if not show:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="ep")
+    try:
+        yield bar
+    finally:
+        bar.close()
 
 
 def _check_settings(

@@ -70,6 +70,19 @@ class _Running:
         self.last = np.asarray(action, dtype=np.float64)
         return action
 
+    def result(self, seed: int, success: bool, env: str) -> EpisodeResult:
+        """How the episode on ``seed`` went, now that it ended."""
+        return EpisodeResult(
+            seed,
+            success,
+            float(self.ret),
+            self.length,
+            env,
+            self.held,
+            _mean(self.switch_changes),
+            _mean(self.step_changes),
+        )
+
     def observe(self, obs: dict[str, Any]) -> None:
         self.obs = self.seen = obs
         if self.history is not None and OBS_STATE in obs:
@@ -174,15 +187,7 @@ def run_episodes(
     for e in range(len(envs)):
         start(e)
     while any(run is not None for run in running):
-        hungry = [e for e, run in enumerate(running) if run is not None and run.actions.needs_chunk()]
-        if hungry:
-            chunks = policy_fn([running[e].seen for e in hungry])
-            if hasattr(chunks, "detach"):
-                chunks = chunks.detach().cpu().numpy()
-            if len(chunks) != len(hungry):
-                raise ValueError(f"the batch policy returned {len(chunks)} chunks for {len(hungry)} observations")
-            for e, chunk in zip(hungry, chunks):
-                running[e].actions.add(_as_chunk(chunk, envs[e].action_dim))
+        _feed(running, envs, policy_fn)
         for e, run in enumerate(running):
             if run is None:
                 continue
@@ -197,22 +202,26 @@ def run_episodes(
             run.ret += reward
             run.length += 1
             if done:
-                seed = episodes[run.index][1]
-                result = EpisodeResult(
-                    seed,
-                    bool(info["success"]),
-                    float(run.ret),
-                    run.length,
-                    envs[e].name,
-                    run.held,
-                    _mean(run.switch_changes),
-                    _mean(run.step_changes),
-                )
-                results[run.index] = result
+                result = results[run.index] = run.result(episodes[run.index][1], bool(info["success"]), envs[e].name)
                 if on_episode is not None:
                     on_episode(result)
                 start(e)
     return results  # type: ignore[return-value]
+
+
+def _feed(running: list[_Running | None], envs: list[Env], policy_fn: BatchPolicy) -> None:
+    """One call of the batch policy on the observations of every episode whose executor wants a chunk, each chunk
+    handed to its episode."""
+    hungry = [e for e, run in enumerate(running) if run is not None and run.actions.needs_chunk()]
+    if not hungry:
+        return
+    chunks = policy_fn([running[e].seen for e in hungry])
+    if hasattr(chunks, "detach"):
+        chunks = chunks.detach().cpu().numpy()
+    if len(chunks) != len(hungry):
+        raise ValueError(f"the batch policy returned {len(chunks)} chunks for {len(hungry)} observations")
+    for e, chunk in zip(hungry, chunks):
+        running[e].actions.add(_as_chunk(chunk, envs[e].action_dim))
 
 
 def summarize(results: list[EpisodeResult]) -> dict[str, Any]:
