@@ -342,3 +342,32 @@ def test_beam_search_with_room_for_every_hypothesis_finds_the_most_probable_chun
         assert tuple(beam.ids[0]) == best and beam.log_prob[0] == pytest.approx(scores[best], abs=1e-4)
         found_better |= scores[tuple(greedy.ids[0])] < scores[best] - 1e-4
     assert found_better, "greedy found the most probable chunk for every seed: the test does not tell beam search apart"
+
+
+@pytest.mark.parametrize("decoder", [{}, {"lean": False}, {"use_cache": False}, {"num_beams": 3}])
+def test_forced_prefix_begins_each_chunk_and_the_rest_is_decoded_after_it(decoder):
+    """Committed-prefix decoding: each row's chunk begins with its forced ids (the committed actions' bins) and the
+    rest is decoded after them, valid; greedy gives the same ids on every decoding path."""
+    tok, vocab, model, layout = setup_for("bin", cameras=1)
+    prompt = layout.build_prefix(["pick up the cube", "push"], np.random.default_rng(4).uniform(-1, 1, (2, 4)))
+    images = torch.rand(2, 1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    committed = np.random.default_rng(5).uniform(-1, 1, (2, 3, D))  # three steps of each chunk already run
+    forced = tok.prefix_ids(committed)
+    assert [len(row) for row in forced] == [3 * D, 3 * D]
+    kwargs = dict(vocab=vocab, constraint=tok.constraint(T, D), images=images, **decoder)
+    free, gen = generate(model, prompt, **kwargs), generate(model, prompt, forced=forced, **kwargs)
+    assert gen.valid.all() and [row[: 3 * D] for row in gen.ids] == forced
+    if "num_beams" not in decoder:
+        assert (
+            gen.ids
+            == generate(model, prompt, forced=forced, vocab=vocab, constraint=kwargs["constraint"], images=images).ids
+        )
+    assert [row[: 3 * D] for row in free.ids] != forced  # the model alone would not have written them
+    chunks = tok.decode(gen.ids, time_horizon=T, action_dim=D).actions
+    np.testing.assert_allclose(chunks[:, :3], committed, atol=1 / tok.n_bins + 1e-9)  # within half a bin
+    partial = generate(model, prompt, forced=[forced[0][:2], []], **kwargs)  # rows may force different lengths
+    assert partial.ids[0][:2] == forced[0][:2] and partial.valid.all()
+    with pytest.raises(ValueError, match="forced id 9999 is not an action id"):
+        generate(model, prompt, forced=[[9999], []], **kwargs)
+    with pytest.raises(ValueError, match="ids mix the chunk's steps"):
+        fitted_tokenizers()["fast"].prefix_ids(committed)

@@ -140,6 +140,16 @@ class ActionTokenizer(ABC):
         """Write extra files (tensors, BPE) into ``directory`` (a temporary one, renamed afterwards)."""
 
     # --- shared behaviour ----------------------------------------------------------------------------------
+    def prefix_ids(self, actions: np.ndarray) -> list[list[int]]:
+        """The ids a chunk must begin with when its first ``d`` actions are known (``actions`` normalised ``[B, d,
+        D]``, ``d`` <= T): committed-prefix decoding, for tokenizers whose ids are time-local (each id spells values
+        of one step). Refused here: the ids of FAST (DCT coefficients), BEAST (B-spline control points) and FSQ (a
+        learned encoder) each depend on the whole chunk."""
+        raise ValueError(
+            f"{self.name} ids mix the chunk's steps, so a chunk's first actions fix none of its ids: committed-prefix "
+            "decoding needs a time-local tokenizer (bin)"
+        )
+
     def tokens_per_chunk(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         return np.array([len(row) for row in ids])
 

@@ -113,6 +113,17 @@ class BinningTokenizer(ActionTokenizer):
         arr = as_chunk_batch(chunks, time_horizon=self.time_horizon, action_dim=self.action_dim)
         return uniform_bins(arr, self.n_bins, self.encode_stats).reshape(arr.shape[0], -1).tolist()
 
+    def prefix_ids(self, actions: np.ndarray) -> list[list[int]]:
+        """The first ``d`` steps' ids, ``d * D`` per chunk: binning is time-local, each id one value of one step."""
+        arr = np.asarray(actions, dtype=np.float64)
+        if arr.ndim != 3 or (self.action_dim is not None and arr.shape[2] != self.action_dim):
+            raise ValueError(f"committed actions are [B, d, {self.action_dim or 'D'}], got shape {arr.shape}")
+        if self.time_horizon is not None and arr.shape[1] > self.time_horizon:
+            raise ValueError(f"{arr.shape[1]} committed actions, more than a chunk's {self.time_horizon}")
+        if not np.isfinite(arr).all():
+            raise ValueError("committed actions must be finite")
+        return uniform_bins(arr, self.n_bins, EncodeStats()).reshape(len(arr), -1).tolist()  # not the encoder's count
+
     def decode(
         self, ids, time_horizon: int | None = None, action_dim: int | None = None, mode: DecodeMode = "mark"
     ) -> DecodeResult:

@@ -115,6 +115,7 @@ def generate(
     lean: bool = True,
     num_beams: int = 1,
     trace: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+    forced: list[list[int]] | None = None,
 ) -> Generation:
     """Generate action ids after a left-padded ``prompt`` (``SequenceLayout.build_prefix``) for every row.
 
@@ -127,6 +128,9 @@ def generate(
     ``trace(step, logits, token)``: called at every step (a parallel prompt: every slot, in the order its ids are
     picked) with the ``[B, V]`` logits after the constraint's mask (-inf where an id may not come) and the ``[B]``
     ids chosen; ``vla inspect`` draws its decoding steps from it. Not with beam search.
+    ``forced``: per row, the action ids its chunk must begin with (committed-prefix decoding: the ids of the actions
+    that will run before the chunk arrives, ``ActionTokenizer.prefix_ids``); each is taken in turn whatever the
+    model prefers, so what follows is decoded knowing them. They must be ids the constraint allows there.
     """
     vc = VocabConstraint(constraint, vocab) if isinstance(constraint, Constraint) else constraint
     if temperature < 0 or not 0 < top_p <= 1:
@@ -141,8 +145,11 @@ def generate(
         )
     if trace is not None and num_beams > 1:
         raise ValueError("trace follows one hypothesis per row; use num_beams=1 with it")
+    forced_ids = _forced(forced, vocab, len(prompt), num_beams, model.device)
     if parallel:  # parallel decoding: one forward pass, whatever max_new_tokens says
-        return _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean, trace)
+        return _decode_parallel(
+            model, prompt, vocab, vc, images, temperature, top_p, generator, lean, trace, forced_ids
+        )
     if max_new_tokens is None:
         if vc is None:
             raise ValueError("max_new_tokens is required without a constraint (e.g. the constraint's max_length + 1)")
@@ -171,6 +178,7 @@ def generate(
             steps_class=steps_class,
             num_beams=num_beams,
             trace=trace,
+            forced=forced_ids,
         )
 
 
@@ -189,6 +197,41 @@ def _intra_op_threads(n: int | None):
 
 
 NONFINITE_ERROR = "the model's logits were NaN or inf (its weights diverged?); these ids mean nothing"
+
+
+def _forced(forced: list[list[int]] | None, vocab: VocabMap, rows: int, num_beams: int, device) -> torch.Tensor | None:
+    """``forced`` action ids as model ids ``[B * num_beams, longest]``, -1 past each row's own (None: none forced)."""
+    if forced is None or not any(len(row) for row in forced):
+        return None
+    if len(forced) != rows:
+        raise ValueError(f"forced ids for {len(forced)} rows, but the prompt has {rows}: give one list per row")
+    bad = [a for row in forced for a in row if not 0 <= int(a) < vocab.action_vocab_size]
+    if bad:
+        raise ValueError(f"forced id {bad[0]} is not an action id: use ids in [0, {vocab.action_vocab_size})")
+    longest = max(len(row) for row in forced)
+    out = torch.full((rows, longest), -1, dtype=torch.long)
+    for r, row in enumerate(forced):
+        if len(row):
+            out[r, : len(row)] = torch.as_tensor(vocab.action_to_vocab(np.asarray(row, dtype=np.int64)))
+    return out.repeat_interleave(num_beams, dim=0).to(device)
+
+
+def _force(allowed: torch.Tensor, forced: torch.Tensor | None, step: int) -> torch.Tensor:
+    """``allowed`` ``[B, V]`` with, on every row that has a forced id at ``step``, only that id possible (its own
+    logit kept)."""
+    if forced is None or step >= forced.shape[1]:
+        return allowed
+    ids = forced[:, step]
+    rows = ids >= 0
+    at = ids.clamp(min=0)[:, None]
+    kept = allowed.gather(1, at)  # [B, 1]
+    if bool(torch.isneginf(kept[rows]).any()):
+        raise ValueError(
+            f"a forced id at step {step} is one the constraint does not allow there; force only ids that spell the "
+            "start of a valid chunk (ActionTokenizer.prefix_ids)"
+        )
+    only = torch.full_like(allowed, float("-inf")).scatter(1, at, kept)
+    return torch.where(rows[:, None], only, allowed)
 
 
 def _allowed(logits: torch.Tensor, vc, states, vocab: VocabMap) -> torch.Tensor:
@@ -367,6 +410,7 @@ def _decode(
     steps_class: type[_Steps],
     num_beams: int = 1,
     trace=None,
+    forced: torch.Tensor | None = None,
 ) -> Generation:
     """``generate`` after its checks: the back-end's prefill, then one token per step under the constraint; with
     ``num_beams`` > 1 every row runs as that many hypotheses, the back-end following the survivors of each step."""
@@ -391,7 +435,7 @@ def _decode(
     with _intra_op_threads(back_end.threads()):
         for step in range(max_new_tokens):
             nonfinite |= ~torch.isfinite(logits).all(dim=-1) & ~done  # on the device: no sync per step
-            allowed = _allowed(logits, vc, states, vocab)
+            allowed = _force(_allowed(logits, vc, states, vocab), forced, step)
             if beams is None:
                 token = sample(allowed, temperature, top_p, generator)  # [B]
             else:  # the k best continuations of each prompt's hypotheses; every row takes its parent's history
@@ -424,7 +468,9 @@ def _decode(
     return gen
 
 
-def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, generator, lean, trace=None) -> Generation:
+def _decode_parallel(
+    model, prompt, vocab, vc, images, temperature, top_p, generator, lean, trace=None, forced=None
+) -> Generation:
     """One forward pass over prompt + query slots, then the slots' ids picked in order under the constraint."""
     device = model.device
     prompt = prompt.to(device)
@@ -461,7 +507,7 @@ def _decode_parallel(model, prompt, vocab, vc, images, temperature, top_p, gener
     states = [vc.start() for _ in range(b)] if vc is not None else None
     tokens = torch.empty(b, n, dtype=torch.long, device=device)
     for i in range(n):  # no model call here: each slot's mask follows the ids picked before it
-        allowed = _allowed(logits[:, i], vc, states, vocab)
+        allowed = _force(_allowed(logits[:, i], vc, states, vocab), forced, i)
         tokens[:, i] = sample(allowed, temperature, top_p, generator)
         if trace is not None:
             trace(i, allowed, tokens[:, i])
