@@ -45,8 +45,9 @@ def assert_plot(path: Path, min_width: int = 300, min_height: int = 200, coloure
     assert colour > 0.0005, f"{path} holds no coloured marks: axes without data?"
 
 
-def train_micro_policy(dataset_root: Path, output_dir: Path) -> str:
-    """A micro FAST policy (256 ids, T = 4) trained 2 steps on ``dataset_root``: the policy folder it saved."""
+def train_micro_policy(dataset_root: Path, output_dir: Path, tokenizer=None) -> str:
+    """A micro policy (T = 4; FAST with 256 ids unless ``tokenizer``, a tokenizer config, says otherwise) trained 2
+    steps on ``dataset_root``: the policy folder it saved."""
     from vla import train
     from vla.policy import VLAConfig
     from vla.tokenizer_choice import tokenizer_config
@@ -54,7 +55,7 @@ def train_micro_policy(dataset_root: Path, output_dir: Path) -> str:
     cfg = train.TrainConfig(
         dataset_root=str(dataset_root),
         output_dir=str(output_dir),
-        tokenizer=tokenizer_config("fast", vocab_size=256),
+        tokenizer=tokenizer or tokenizer_config("fast", vocab_size=256),
         steps=2,
         batch_size=4,
         save_every=2,

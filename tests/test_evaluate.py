@@ -234,3 +234,48 @@ def test_evaluation_given_a_training_runs_folder_names_the_policy_inside_it(tiny
         f"is a training run's folder, not a policy; did you mean --policy {run / 'policy'}?" in capsys.readouterr().err
     )
     assert sorted(p.name for p in run.iterdir()) == before  # nothing written beside the run
+
+
+def test_committed_prefix_decoding_begins_each_chunk_with_the_actions_that_run_meanwhile(
+    tiny_dataset_root, tiny_policy, tmp_path
+):
+    """A binning policy given the actions that will run before its chunk arrives returns a chunk that begins with
+    them (within half a bin, in raw units), and ``vla eval --ahead --commit`` sends them with every request; a policy
+    whose ids mix the chunk's steps (FAST) is refused before any episode."""
+    from tests.conftest import train_micro_policy
+    from vla.execution import COMMITTED
+    from vla.policy import VLAPolicy
+    from vla.sim import make_env
+    from vla.tokenizer_choice import tokenizer_config
+
+    path = train_micro_policy(tiny_dataset_root, tmp_path / "bin", tokenizer_config("bin", n_bins=64))
+    policy = VLAPolicy.from_pretrained(path).eval()
+    normalizer = policy.action_normalizer
+    committed = normalizer.unnormalize(np.random.default_rng(0).uniform(-0.8, 0.8, (2, 4)))  # raw [d = 2, D]
+    with make_env("metaworld/push-v3") as env:
+        obs = env.reset(evaluate.EVAL_SEED_START)
+    runner = evaluate.ChunkPolicy(policy)
+    chunk = runner([{**obs, COMMITTED: committed}, obs])  # the second row commits nothing
+    half_bin = np.abs(normalizer.scale) / 64 + 1e-6
+    assert np.all(np.abs(chunk[0, :2] - committed) <= half_bin)
+    assert not np.all(np.abs(chunk[1, :2] - committed) <= half_bin)
+    report = evaluate.evaluate(
+        path,
+        "metaworld/push-v3",
+        episodes=2,
+        max_steps=12,
+        delay_ms=25,
+        decode_ms=0,
+        ahead=True,
+        commit=True,
+        num_envs=2,
+        progress=False,
+    )
+    assert report["request"] == "ahead, with the committed actions" and report["delay_steps"] == 2
+    assert report["valid_chunk_rate"] == 1.0 and report["provenance"]["config"]["eval"]["commit"] is True
+    with pytest.raises(ValueError, match="ids mix the chunk's steps"):
+        evaluate.evaluate(
+            tiny_policy, "metaworld/push-v3", episodes=1, delay_ms=25, ahead=True, commit=True, progress=False
+        )
+    with pytest.raises(ValueError, match="it needs --ahead"):
+        evaluate.evaluate(path, "metaworld/push-v3", episodes=1, delay_ms=25, commit=True, progress=False)

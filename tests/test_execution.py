@@ -175,3 +175,21 @@ def test_the_jump_at_the_hand_over_is_measured_against_what_ran_before():
     [late] = run_episodes([CountingEnv()], policy, [0], n_action_steps=None, delay_steps=2)
     # CountingEnv holds by running its last action again: the hand-over after a hold still jumps by 1
     assert late.held > 0 and late.switch_jump == 1.0
+
+
+def test_a_delayed_queue_names_the_actions_that_run_while_a_reply_is_on_its_way():
+    """With ``ahead``, the request leaves with the running chunk's next ``delay`` actions, and exactly those run
+    before the reply lands; a synchronous robot (or one that has no chunk yet) commits none."""
+    chunk = np.arange(8, dtype=np.float64)[:, None]  # [8, 1]
+    queue = DelayedQueue(None, delay_steps=3, ahead=True)
+    assert queue.committed() is None  # before the first chunk
+    queue.add(chunk)  # the first arrives at once
+    ran = [float(queue.pop()[0]) for _ in range(5)]
+    assert ran == [0, 1, 2, 3, 4] and queue.needs_chunk()  # 3 actions left: ask now
+    committed = queue.committed()
+    np.testing.assert_array_equal(committed, chunk[5:8])
+    queue.add(chunk + 100)  # lands 3 steps from now, its first 3 actions skipped
+    assert [float(queue.pop()[0]) for _ in range(4)] == [5, 6, 7, 103]  # the committed actions, then the reply's
+    sync = DelayedQueue(None, delay_steps=3, ahead=False)
+    sync.add(chunk)
+    assert sync.committed() is None

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vla.execution import COMMITTED
 from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
 from vla.policy.saved_config import check_policy_folder
@@ -56,6 +57,8 @@ class ChunkPolicy:
         keys = [k for k in observations[0] if k.startswith("observation.")]
         batch: dict[str, Any] = {k: torch.as_tensor(np.stack([np.asarray(o[k]) for o in observations])) for k in keys}
         batch["task"] = [o["task"] for o in observations]
+        if any(COMMITTED in o for o in observations):  # per row, of its own length (none: nothing committed)
+            batch[COMMITTED] = [np.asarray(o.get(COMMITTED, ()), dtype=np.float64) for o in observations]
         return batch
 
     def predict(self, observations: list[dict[str, Any]]) -> np.ndarray:
@@ -166,6 +169,7 @@ def evaluate(
     delay_ms: float | None = None,
     decode_ms: float | None = None,
     ahead: bool = False,
+    commit: bool = False,
     out_dir: str | Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -177,10 +181,15 @@ def evaluate(
     ``delay_ms`` (a network round trip) puts the policy behind a delay: each chunk reaches the robot ``delay_ms`` plus
     the decode time (``decode_ms``, measured on the first evaluation observation when not given) after the
     observation it answers, converted to control steps at the simulator's rate, while the simulator keeps stepping
-    (``vla.execution.DelayedQueue``: the robot holds until the reply, or with ``ahead`` asks that many actions early).
+    (``vla.execution.DelayedQueue``: the robot holds until the reply, or with ``ahead`` asks that many actions early;
+    ``commit`` sends the actions that will run meanwhile with each request, and the policy decodes after them).
     None is no delay at all; ``delay_ms=0, decode_ms=0`` gives the same episodes."""
     _check_settings(episodes, num_envs, gif_episodes, out_dir, delay_ms, decode_ms, ahead, seed_start)
+    if commit and not ahead:
+        raise ValueError("--commit sends the actions that run while a reply is on its way: it needs --ahead")
     policy, policy_dir, recording, env_options = _loaded(policy, env_options)
+    if commit:  # refused now, not at the first request, for a tokenizer whose ids mix the chunk's steps
+        policy.action_tokenizer.prefix_ids(np.zeros((1, 1, policy.config.action_dim)))
     config = policy.config
     if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
         raise ValueError(
@@ -203,7 +212,7 @@ def evaluate(
     delay = None
     if delay_ms is not None:
         decode_ms = decode_time(runner, envs[0], seed_start) if decode_ms is None else decode_ms
-        delay = _delay(delay_ms, decode_ms, ahead, envs[0].fps, config.time_horizon)
+        delay = _delay(delay_ms, decode_ms, ahead, envs[0].fps, config.time_horizon, commit)
     frames: dict[int, list[np.ndarray]] = {}
     with _closing(envs), _bar(progress, len(episode_list), f"eval {env_name}") as bar:
         results = run_episodes(
@@ -215,6 +224,7 @@ def evaluate(
             obs_steps=config.n_obs_steps,
             delay_steps=delay["delay_steps"] if delay else 0,
             ahead=ahead,
+            commit=commit,
             on_step=_gif_frames(frames, gif_episodes, list(config.image_keys)),
             on_episode=(lambda r: bar.update(1)) if bar else None,
         )
@@ -230,7 +240,7 @@ def evaluate(
         max_steps=max_steps,
         num_envs=num_envs,
         env_options=env_options,
-        **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead)),
+        **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead, commit=commit)),
     )
     report["provenance"] = eval_provenance(policy_dir, settings)
     if out_dir is not None:
@@ -336,7 +346,9 @@ def _make_envs(
     return envs
 
 
-def _delay(delay_ms: float, decode_ms: float, ahead: bool, fps: int, time_horizon: int) -> dict[str, Any]:
+def _delay(
+    delay_ms: float, decode_ms: float, ahead: bool, fps: int, time_horizon: int, commit: bool = False
+) -> dict[str, Any]:
     """The report's delay fields: the round trip and decode in milliseconds, the control steps they last at ``fps``
     and when the next chunk is asked for."""
     delay_steps = math.ceil((delay_ms + decode_ms) * fps / 1000 - 1e-9)
@@ -346,7 +358,7 @@ def _delay(delay_ms: float, decode_ms: float, ahead: bool, fps: int, time_horizo
             f"{time_horizon} actions: with --ahead every reply is stale when it lands and the robot holds "
             "after its first chunk; use a policy with longer chunks, or evaluate without --ahead"
         )
-    request = "ahead" if ahead else "when empty"
+    request = ("ahead, with the committed actions" if commit else "ahead") if ahead else "when empty"
     return dict(delay_ms=delay_ms, decode_ms=decode_ms, delay_steps=delay_steps, request=request)
 
 
@@ -523,6 +535,12 @@ def add_cli(subparsers) -> None:
         help="with --delay-ms: ask for the next chunk as many actions early as the delay lasts, skipping "
         "the reply's actions for the steps that ran meanwhile (default: ask when the chunk runs out, hold)",
     )
+    p.add_argument(
+        "--commit",
+        action="store_true",
+        help="with --ahead: send the actions that will run while the reply is on its way with each request, and "
+        "decode the new chunk after them (committed-prefix decoding; time-local tokenizers: bin)",
+    )
     p.add_argument("--gif", type=int, default=0, help="save a GIF of this many episodes (policies with a camera)")
     p.add_argument("--out", type=Path, default=None, help="folder for eval_info.json (default: beside the policy)")
     p.set_defaults(func=_run)
@@ -545,6 +563,7 @@ def _run(args: argparse.Namespace) -> int:
         delay_ms=args.delay_ms,
         decode_ms=args.decode_ms,
         ahead=args.ahead,
+        commit=args.commit,
         out_dir=out,
     )
     if "tasks" in report:

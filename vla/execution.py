@@ -11,6 +11,9 @@ from one chunk to the next, which an open-loop chunk policy otherwise makes as a
 plus the decode), while the robot keeps stepping: the request is sent when the chunk runs out and the robot holds
 until the reply (``ahead=False``, synchronous), or ``delay`` actions before it runs out, so that the reply lands as the
 chunk ends and its first ``delay`` actions, meant for the steps that ran meanwhile, are skipped (``ahead=True``).
+Those steps' actions are known when the request leaves (``DelayedQueue.committed``): sent with it (``COMMITTED``), a
+policy with time-local ids decodes the new chunk after them (committed-prefix decoding), so that it continues from
+where the robot will be rather than from where it was asked.
 
 The queue and the ensemble work on one chunk ``[T, D]`` (the rollout loop, one per episode) or a batch ``[B, T, D]``
 (``VLAPolicy.select_action``), numpy or torch: actions are read as ``chunk[..., t, :]``.
@@ -21,6 +24,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from typing import Any
+
+# The observation's key for the actions that will run before the chunk asked for now arrives (raw [d, D]): with it the
+# policy decodes the chunk knowing them (committed-prefix decoding, ``VLAPolicy``'s ``CommitActions`` step).
+COMMITTED = "committed_actions"
 
 
 class ChunkQueue:
@@ -147,6 +154,14 @@ class DelayedQueue:
             return False
         left = self._stop - self._next if self._chunk is not None else 0
         return left <= (self.delay_steps if self.ahead and self._chunk is not None else 0)
+
+    def committed(self) -> Any:
+        """The actions that will run while a reply asked for now is on its way: with ``ahead``, the running chunk's
+        next ``delay_steps`` (fewer when it ends first: the robot then holds), ``[d, D]``; none otherwise (the robot
+        holds), and none before the first chunk."""
+        if not self.ahead or self._chunk is None:
+            return None
+        return self._chunk[..., self._next : self._next + self.delay_steps, :]
 
     def add(self, chunk: Any) -> None:
         """A chunk predicted from the current step's observation; it arrives ``delay_steps`` steps from now."""

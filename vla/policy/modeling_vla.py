@@ -53,7 +53,7 @@ from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.decode_info import DecodeInfo, DecodeStats
 from vla.policy.fitting import policy_tokenizer
-from vla.policy.pipeline import ACTION_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
+from vla.policy.pipeline import ACTION_IDS, FORCED_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
 from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
 from vla.policy.saved_config import check_dataset_fits, check_same_policy, load_policy_config
 
@@ -271,6 +271,7 @@ class VLAPolicy(PreTrainedPolicy):
             num_beams=self.config.num_beams,
             use_cache=self.config.use_kv_cache,
             generator=generator,
+            forced=prompt.get(FORCED_IDS),
         )
         raw_state = {OBS_STATE: batch[OBS_STATE]} if OBS_STATE in batch else {}  # for relative actions
         out = run(

@@ -13,6 +13,9 @@ Each step is a small frozen dataclass over a *batch* (a dict, the contract below
     "action_ids"                   list[list[int]]       action-tokenizer ids (TokenizeActions, or generated)
     "sequence"                     vla.model.sequence.Sequence the packed rows the model reads (BuildSequence/BuildPrompt)
     "valid", "errors"              bool [B], list         per chunk: decoded validly, and why not (outputs)
+    "committed_actions"            list of float [d, D]   raw, per row: the actions that will run before the chunk
+                                                          arrives (committed-prefix decoding; ``vla.execution``)
+    "forced_ids"                   list[list[int]]        the ids each chunk must begin with (CommitActions)
     "vla.normalized"               bool                   set by LeRobot's processor step (vla.policy.processor_vla):
                                                           state and action arrive normalised, and leave normalised
 
@@ -37,12 +40,13 @@ import numpy as np
 import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
+from vla.execution import COMMITTED
 from vla.model.sequence import SequenceLayout
 from vla.policy.checks import CheckBatch, _numpy
 from vla.policy.images import IMAGES, ShiftImages, StackImages
 
 Batch = dict[str, Any]
-ACTION_IDS, SEQUENCE = "action_ids", "sequence"
+ACTION_IDS, SEQUENCE, FORCED_IDS = "action_ids", "sequence", "forced_ids"
 NORMALIZED = "vla.normalized"  # LeRobot's pre-processor normalised the batch (its post-processor unnormalises)
 
 
@@ -139,6 +143,40 @@ class BuildPrompt:
 
     def __call__(self, batch: Batch) -> Batch:
         return {**batch, SEQUENCE: self.layout.build_prefix(batch["task"], batch[OBS_STATE])}
+
+
+@dataclass(frozen=True)
+class CommitActions:
+    """The actions that will run before the chunk arrives (``committed_actions``: raw, per row ``[d, D]``, ``d`` may
+    be 0) -> the ids the chunk must begin with (``forced_ids``): each made relative to the state where the policy's
+    actions are, normalised and spelled by the tokenizer (``ActionTokenizer.prefix_ids``: time-local tokenizers
+    only). The model then decodes the rest of the chunk after them. Runs before ``Normalize`` (it reads the raw
+    state)."""
+
+    tokenizer: at.ActionTokenizer
+    action: at.Normalizer
+    relative: RelativeActions | None = None
+
+    def __call__(self, batch: Batch) -> Batch:
+        if COMMITTED not in batch:
+            return batch
+        if batch.get(NORMALIZED):
+            raise ValueError(
+                "committed actions are raw actions; run the policy through its own pipeline, not LeRobot's"
+            )
+        dim, offset = len(np.atleast_1d(self.action.scale)), None
+        if self.relative is not None:
+            offset = _state_offset(batch, self.relative.mask, self.relative.action_state_dims)[:, 0]  # [B, D]
+        forced = []
+        for r, actions in enumerate(batch[COMMITTED]):
+            actions = np.asarray(actions, dtype=np.float64).reshape(-1, dim)
+            if not len(actions):
+                forced.append([])
+                continue
+            if offset is not None:
+                actions = actions - offset[r]
+            forced.extend(self.tokenizer.prefix_ids(self.action.normalize(actions)[None]))
+        return {**batch, FORCED_IDS: forced}
 
 
 @dataclass(frozen=True)
@@ -288,6 +326,7 @@ class Pipeline:
             ),
             prompt=(
                 CheckBatch(*shapes, actions=False, obs_steps=obs_steps),
+                CommitActions(tokenizer, action_normalizer, relative[0] if relative else None),
                 normalize,
                 *history,
                 images,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from lerobot.utils.constants import OBS_STATE
 
-from vla.execution import ChunkQueue, DelayedQueue, StateHistory, TemporalEnsemble, executor
+from vla.execution import COMMITTED, ChunkQueue, DelayedQueue, StateHistory, TemporalEnsemble, executor
 from vla.sim import Env
 
 Policy = Callable[[dict[str, Any]], Any]
@@ -138,6 +138,7 @@ def run_episodes(
     obs_steps: int = 1,
     delay_steps: int = 0,
     ahead: bool = False,
+    commit: bool = False,
     on_step: Callable[[int, dict[str, Any], np.ndarray], None] | None = None,
     on_episode: Callable[[EpisodeResult], None] | None = None,
 ) -> list[EpisodeResult]:
@@ -156,7 +157,8 @@ def run_episodes(
     ``delay_steps = d`` delivers each chunk d steps after the observation it was predicted from (the episode's first
     at once), the envs stepping meanwhile: synchronous (the robot holds until the reply) or, with ``ahead``, asked d
     actions early with the reply's first d actions skipped (``vla.execution.DelayedQueue``). d = 0 (and not
-    ``ahead``) is exactly the loop without a delay.
+    ``ahead``) is exactly the loop without a delay. With ``commit`` (and ``ahead``) each request carries the actions
+    that will run while it is on its way (``COMMITTED``, raw ``[d, D]``), for committed-prefix decoding.
 
     ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]`` (every observation
     then has its cameras; without it only those the policy is shown are drawn); ``on_episode``
@@ -166,6 +168,8 @@ def run_episodes(
     if not envs:
         raise ValueError("run_episodes needs at least one env")
     executor(n_action_steps, ensemble, delay_steps, ahead)  # bad settings fail here, before any env resets
+    if commit and not ahead:
+        raise ValueError("committed actions exist only when the next chunk is asked for ahead: pass ahead=True")
     episodes = [(s[0], int(s[1])) if isinstance(s, tuple) else (None, int(s)) for s in seeds]
     missing = {name for name, _ in episodes if name is not None} - {env.name for env in envs}
     if missing:
@@ -187,7 +191,7 @@ def run_episodes(
     for e in range(len(envs)):
         start(e)
     while any(run is not None for run in running):
-        _feed(running, envs, policy_fn)
+        _feed(running, envs, policy_fn, commit)
         for e, run in enumerate(running):
             if run is None:
                 continue
@@ -209,13 +213,19 @@ def run_episodes(
     return results  # type: ignore[return-value]
 
 
-def _feed(running: list[_Running | None], envs: list[Env], policy_fn: BatchPolicy) -> None:
-    """One call of the batch policy on the observations of every episode whose executor wants a chunk, each chunk
-    handed to its episode."""
+def _feed(running: list[_Running | None], envs: list[Env], policy_fn: BatchPolicy, commit: bool = False) -> None:
+    """One call of the batch policy on the observations of every episode whose executor wants a chunk (with
+    ``commit``, each with the actions that will run while its chunk is on its way), each chunk handed to its
+    episode."""
     hungry = [e for e, run in enumerate(running) if run is not None and run.actions.needs_chunk()]
     if not hungry:
         return
-    chunks = policy_fn([running[e].seen for e in hungry])
+    observations = [running[e].seen for e in hungry]
+    if commit:
+        none = np.zeros((0, envs[0].action_dim))
+        committed = [running[e].actions.committed() for e in hungry]
+        observations = [{**o, COMMITTED: none if c is None else c} for o, c in zip(observations, committed)]
+    chunks = policy_fn(observations)
     if hasattr(chunks, "detach"):
         chunks = chunks.detach().cpu().numpy()
     if len(chunks) != len(hungry):
