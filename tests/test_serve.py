@@ -514,3 +514,38 @@ def test_realtime_robot_episode_against_the_server():
             env.close()
     assert result["length"] == 20 and result["chunks"] >= 2 and result["errors"] == 0
     assert executor.stats.ticks == 20 and len(executor.executed_actions) == 20
+
+
+def test_committed_actions_in_a_request_begin_the_chunk_and_old_requests_are_answered_as_before(policy):
+    """``committed_actions`` (the protocol's optional field): a binning policy's reply begins with them (within half
+    a bin) and the rest is decoded after them; the same request without them is answered as before; a policy whose
+    ids mix the chunk's steps (FAST) refuses the field with an error reply, and says so in its metadata."""
+    from vla.policy import VLAPolicy
+
+    chunks = smooth_chunks(200, T, D, seed=0)
+    normalizer = at.Normalizer.fit(2.0 * chunks + 1.0)
+    config = VLAPolicy.config_class(
+        preset="micro", time_horizon=T, n_action_steps=3, image_keys=[CAM], device="cpu", init_seed=0
+    )
+    binned = VLAPolicy(
+        config,
+        action_tokenizer=at.BinningTokenizer.fit(chunks, n_bins=64),
+        action_normalizer=normalizer,
+        state_normalizer=at.Normalizer.fit(np.random.default_rng(0).standard_normal((200, S))),
+    ).eval()
+    committed = normalizer.unnormalize(np.random.default_rng(1).uniform(-0.8, 0.8, (2, D))).astype(np.float32)
+    half_bin = np.abs(normalizer.scale) / 64 + 1e-5
+    with serve(binned) as handle, PolicyClient("127.0.0.1", handle.port) as client:
+        assert client.metadata["policy"]["committed_actions"] is True
+        plain = client.infer(observation(0))["actions"]
+        reply = client.infer(observation(0, committed_actions=committed))["actions"]
+        assert np.all(np.abs(reply[:2] - committed) <= half_bin) and not np.all(
+            np.abs(plain[:2] - committed) <= half_bin
+        )
+        np.testing.assert_array_equal(client.infer(observation(0))["actions"], plain)  # no field: as before
+        with pytest.raises(ServerError, match="committed_actions' has shape"):
+            client.infer(observation(0, committed_actions=np.zeros((T + 1, D), np.float32)))
+    with serve(policy) as handle, PolicyClient("127.0.0.1", handle.port) as client:
+        assert client.metadata["policy"]["committed_actions"] is False
+        with pytest.raises(ServerError, match="ids mix the chunk's steps"):
+            client.infer(observation(0, committed_actions=committed))

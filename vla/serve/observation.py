@@ -36,6 +36,7 @@ class Item:
     task: str
     request_id: Any = None
     reset: bool = False  # the message starts an episode (its "reset" key): the server's history starts again
+    committed: np.ndarray | None = None  # float32 [d, D]: the actions that will run before the reply arrives
     history_frames: int | None = None  # server-kept history: how many of its n frames this episode has sent
 
     @property
@@ -45,6 +46,7 @@ class Item:
 
 
 RESET_KEY = "reset"  # a message flag: this observation is an episode's first
+COMMITTED = "committed_actions"  # optional: the actions that will run before the reply arrives (vla.execution)
 
 
 def numeric(value: Any, key: str, what: str) -> np.ndarray:
@@ -70,9 +72,17 @@ class ObservationReader:
     """A decoded message -> an ``Item`` for a policy with these keys and shapes; ``RequestError`` says what is wrong."""
 
     def __init__(
-        self, state_dim: int, image_keys: list[str], image_size: int | None, keys: dict[str, str], obs_steps: int = 1
+        self,
+        state_dim: int,
+        image_keys: list[str],
+        image_size: int | None,
+        keys: dict[str, str],
+        obs_steps: int = 1,
+        committed: tuple[int, int] | None = None,
     ):
         self.state_dim = int(state_dim)
+        # (T, D) when the policy decodes a chunk after the actions that run meanwhile; None: it cannot (FAST, BEAST)
+        self.committed = committed
         self.obs_steps = int(obs_steps)  # the policy's n_obs_steps: > 1 accepts [S] (one state) or [n, S]
         self.image_keys = list(image_keys)
         self.image_size = image_size
@@ -105,6 +115,12 @@ class ObservationReader:
             out = {"observation.state": self._state_hint(), **out}
         for key in self.image_keys:
             out[key] = "uint8 [H, W, 3] (or [3, H, W], or float in [0, 1]); resized on the server"
+        if self.committed is not None:
+            horizon, dim = self.committed
+            out[COMMITTED] = (
+                f"float [d, {dim}], optional, d <= {horizon}: the actions that will run before the reply arrives; the "
+                "chunk then begins with them, and the rest is decoded after them"
+            )
         return out
 
     def __call__(self, message: Any) -> Item:
@@ -132,7 +148,26 @@ class ObservationReader:
             )
         state = self._state(obs, sent.get("observation.state", "observation.state"))
         images = {k: self._image(obs, k) for k in self.image_keys}
-        return Item(state, images, self._task(obs), request_id, reset=bool(reset))
+        committed = self._committed(obs[COMMITTED], sent[COMMITTED]) if COMMITTED in obs else None
+        return Item(state, images, self._task(obs), request_id, reset=bool(reset), committed=committed)
+
+    def _committed(self, value: Any, sent: str) -> np.ndarray:
+        """The actions that will run while the reply is on its way, ``[d, D]`` with ``d`` <= T, finite."""
+        if self.committed is None:
+            raise RequestError(
+                f"'{sent}' names actions the chunk should begin with, but this policy's ids mix the chunk's steps "
+                "(only a time-local tokenizer, bin, can decode after them): drop it"
+            )
+        horizon, dim = self.committed
+        what = f"float [d, {dim}] with d <= {horizon}: the actions that will run before the reply arrives"
+        actions = numeric(value, sent, what)
+        if actions.size == 0:
+            return np.zeros((0, dim), dtype=np.float32)
+        if actions.ndim != 2 or actions.shape[1] != dim or len(actions) > horizon:
+            raise RequestError(f"'{sent}' has shape {list(actions.shape)}; send {what}")
+        if not np.isfinite(actions).all():
+            raise RequestError(f"'{sent}' holds NaN or inf; send {what}")
+        return actions
 
     def _state(self, obs: dict[str, Any], sent: str) -> torch.Tensor | None:
         n, s = self.obs_steps, self.state_dim

@@ -65,7 +65,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from .codec import DecodeError, packb, unpackb
-from .observation import RESET_KEY, ConnectionHistory, Item, ObservationReader, RequestError
+from .observation import COMMITTED, RESET_KEY, ConnectionHistory, Item, ObservationReader, RequestError
 from .settings import ServeConfig, ServerStats
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,15 @@ class PolicyServer:
         c = policy.config
         image_size = getattr(c, "image_size", None) or getattr(getattr(policy, "model", None), "image_size", None)
         self.obs_steps = int(getattr(c, "n_obs_steps", 1) or 1)
-        self.reader = ObservationReader(c.state_dim, list(c.image_keys), image_size, self.config.keys, self.obs_steps)
+        commits = _decodes_after_committed(policy)
+        self.reader = ObservationReader(
+            c.state_dim,
+            list(c.image_keys),
+            image_size,
+            self.config.keys,
+            self.obs_steps,
+            committed=(int(c.time_horizon), int(c.action_dim)) if commits else None,
+        )
         self.stats = ServerStats()
         self._per_ip: Counter = Counter()  # open connections per remote address
         self.metadata = {
@@ -115,6 +123,7 @@ class PolicyServer:
                 "image_keys": list(c.image_keys),
                 "image_size": image_size,
                 "n_obs_steps": self.obs_steps,
+                "committed_actions": self.reader.committed is not None,  # decodes after the actions sent with a request
             },
             "observation": self.reader.expected(),
             "history": {  # how to send a policy that reads the last n states (n_obs_steps = n > 1) its history
@@ -148,6 +157,8 @@ class PolicyServer:
             batch["observation.state"] = torch.stack([it.state for it in items])
         for key in self.reader.image_keys:
             batch[key] = torch.stack([it.images[key] for it in items])
+        if any(it.committed is not None for it in items):  # committed-prefix decoding, row by row (none: free)
+            batch[COMMITTED] = [it.committed if it.committed is not None else () for it in items]
         with torch.inference_mode():
             chunks = self.policy.predict_action_chunk(batch)
         actions = chunks.detach().float().cpu().numpy() if hasattr(chunks, "detach") else np.asarray(chunks, np.float32)
@@ -378,6 +389,17 @@ class PolicyServer:
     def start_in_thread(self) -> ServerHandle:
         """Serve from a daemon thread; returns once listening. ``handle.stop()`` shuts it down."""
         return ServerHandle(self)
+
+
+def _decodes_after_committed(policy) -> bool:
+    """Whether ``policy`` can begin a chunk with the actions a request says will run meanwhile (its tokenizer's ids
+    are time-local)."""
+    tokenizer, dim = getattr(policy, "action_tokenizer", None), int(policy.config.action_dim)
+    try:
+        tokenizer.prefix_ids(np.zeros((1, 1, dim)))
+    except (AttributeError, ValueError):
+        return False
+    return True
 
 
 def _address(connection: ServerConnection) -> str:
