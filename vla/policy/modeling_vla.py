@@ -114,25 +114,9 @@ class VLAPolicy(PreTrainedPolicy):
                 "give one per state dim or None (vla train fits it)"
             )
         config.validate_features()
-        t, d = config.time_horizon, config.action_dim
-        constraint = self.action_tokenizer.constraint(time_horizon=t, action_dim=d)
-        slots = 0
-        if config.decoding == "parallel":  # one query slot per id: the chunk's length must be known before decoding
-            slots = fixed_chunk_length(constraint)
-            if slots is None:
-                raise ValueError(
-                    f"VLAConfig.decoding = 'parallel' needs a tokenizer with a fixed number of ids per chunk (bin, "
-                    f"fsq, beast), but the {self.action_tokenizer.name!r} tokenizer's chunks vary in length; use "
-                    "decoding='autoregressive' with it, or a fixed-length tokenizer"
-                )
-
-        # The vocabulary: compact (bytes + actions) or PaliGemma's own, read from a local folder.
-        text_dir = text_tokenizer_dir or config.backbone_path
-        if text_dir is None:
-            self.vocab = VocabMap.compact(self.action_tokenizer.vocab_size, words=config.text_words)
-        else:
-            text = LocalTextTokenizer(text_dir, size=PALIGEMMA_TEXT_VOCAB)
-            self.vocab = VocabMap.paligemma(text, self.action_tokenizer.vocab_size)
+        constraint = self.action_tokenizer.constraint(time_horizon=config.time_horizon, action_dim=config.action_dim)
+        slots = self._query_slots(constraint)
+        self.vocab = self._vocabulary(text_tokenizer_dir)
         if backbone_config is not None:  # a saved policy: its embedding table was sized for the tokenizer it saved
             self._check_vocab_rows(backbone_config)
         self.model = build_model(
@@ -169,15 +153,45 @@ class VLAPolicy(PreTrainedPolicy):
                 f"VLAConfig.max_action_tokens = {config.max_action_tokens} can cut constrained chunks (they need up "
                 f"to {self.constraint.max_length} ids); raise it or leave it unset"
             )
-        # The data flow, both directions, built once from the parts above (vla.policy.pipeline).
-        self.pipeline = Pipeline.build(
+        self.pipeline = self._pipeline()
+        self.decode_stats = DecodeStats()
+        self.last_decode_info: DecodeInfo | None = None
+        self.reset()  # the executor (chunks -> one action per call) and the state history of select_action
+        self._previous_action: torch.Tensor | None = None  # [B, D] raw, the last action select_action returned
+
+    def _query_slots(self, constraint) -> int:
+        """Parallel decoding's query slots, one per id (the chunk's length must be known before decoding); 0 for
+        autoregressive decoding."""
+        if self.config.decoding != "parallel":
+            return 0
+        slots = fixed_chunk_length(constraint)
+        if slots is None:
+            raise ValueError(
+                f"VLAConfig.decoding = 'parallel' needs a tokenizer with a fixed number of ids per chunk (bin, "
+                f"fsq, beast), but the {self.action_tokenizer.name!r} tokenizer's chunks vary in length; use "
+                "decoding='autoregressive' with it, or a fixed-length tokenizer"
+            )
+        return slots
+
+    def _vocabulary(self, text_tokenizer_dir: str | Path | None) -> VocabMap:
+        """The vocabulary: compact (bytes + actions) or PaliGemma's own, read from a local folder."""
+        text_dir = text_tokenizer_dir or self.config.backbone_path
+        if text_dir is None:
+            return VocabMap.compact(self.action_tokenizer.vocab_size, words=self.config.text_words)
+        text = LocalTextTokenizer(text_dir, size=PALIGEMMA_TEXT_VOCAB)
+        return VocabMap.paligemma(text, self.action_tokenizer.vocab_size)
+
+    def _pipeline(self) -> Pipeline:
+        """The data flow, both directions, built once from the parts (``vla.policy.pipeline``)."""
+        config = self.config
+        return Pipeline.build(
             tokenizer=self.action_tokenizer,
             state_normalizer=self.state_normalizer,
             action_normalizer=self.action_normalizer,
             layout=self.layout,
             state_dim=config.state_dim,
-            time_horizon=t,
-            action_dim=d,
+            time_horizon=config.time_horizon,
+            action_dim=config.action_dim,
             image_keys=config.image_keys,
             image_size=self.model.image_size,
             image_shift=config.image_shift,
@@ -186,10 +200,6 @@ class VLAPolicy(PreTrainedPolicy):
             obs_steps=config.n_obs_steps,
             state_delta_scale=config.state_delta_scale,
         )
-        self.decode_stats = DecodeStats()
-        self.last_decode_info: DecodeInfo | None = None
-        self.reset()  # the executor (chunks -> one action per call) and the state history of select_action
-        self._previous_action: torch.Tensor | None = None  # [B, D] raw, the last action select_action returned
 
     def _check_vocab_rows(self, backbone_config: Any) -> None:
         """Refuse a tokenizer whose vocabulary is not the one the saved embedding table was sized for (compact
