@@ -459,7 +459,13 @@ def main(argv: list[str] | None = None) -> None:
         f"{', '.join(WIDE)} (none named: all), at --wide-threads",
     )
     parser.add_argument("--wide-threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument(
+        "--allow-loaded",
+        action="store_true",
+        help="write to --out even when the machine was loaded (default: beside it, as <stem>.loaded.json)",
+    )
     args = parser.parse_args(argv)
+    args.loads = [os.getloadavg()[0]]  # the 1-minute load at the start; the end's is added before writing
     if args.wide is not None:
         return write_wide(args)
     if args.threads:
@@ -484,6 +490,7 @@ def main(argv: list[str] | None = None) -> None:
             "decoding": "greedy, random weights (seed 0); free rows decode as many steps as constrained ones",
             "load_average": os.getloadavg(),
             "cpus": os.cpu_count(),
+            "machine_load": _machine(args),
         },
         "rows": [r for r in rows if "decoder" in r],
         "split": [r for r in rows if r.get("split")],
@@ -491,12 +498,20 @@ def main(argv: list[str] | None = None) -> None:
         "summary": summarise(rows),
         "provenance": provenance(config={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
+    from vla.io import write_json
+    from vla.provenance import headline_path
+
+    write_json(headline_path(args.out, result["meta"]["machine_load"], args.allow_loaded), result)
     for s in result["summary"]:
         print(s)
+
+
+def _machine(args) -> dict:
+    """Whether the machine stayed quiet for this run's threads (``vla.provenance.quiet_machine``)."""
+    from vla.provenance import quiet_machine
+
+    args.loads.append(os.getloadavg()[0])
+    return quiet_machine(args.loads, max(args.wide_threads if args.wide is not None else [torch.get_num_threads()]))
 
 
 def write_wide(args) -> None:
@@ -515,6 +530,7 @@ def write_wide(args) -> None:
         "decoding": "greedy under the constraint, lean loop, random weights (model_seed per row)",
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
+        "machine_load": _machine(args),
     }
     record["wide"] = rows
     kept = sorted(set(record) - {"wide", "wide_meta", "provenance"})
@@ -523,7 +539,10 @@ def write_wide(args) -> None:
         sections_from_an_earlier_run=kept,
         earlier_run=record.get("provenance"),
     )
-    write_json(args.out, record)
+    from vla.provenance import headline_path
+
+    out = headline_path(args.out, record["wide_meta"]["machine_load"], args.allow_loaded)
+    write_json(out, record)
     lines = [
         "# Decoding latency per robot width (`scripts/bench_decode.py --wide`)",
         "",
@@ -543,8 +562,8 @@ def write_wide(args) -> None:
             f"{r['latency_ms_p95']} | {r['ms_per_step_p50']} | {r['prefill_ms_p50']} | {r['lean_step_ms_p50']} | "
             f"{r['constraint_ms_per_step']} | {r['load_average']} |"
         )
-    atomic_write_text(args.out.with_suffix(".md"), "\n".join(lines) + "\n")
-    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
+    atomic_write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed-start", type=int, default=1_000_000, help="evaluation seeds")
     parser.add_argument("--server-threads", type=int, default=2)
     parser.add_argument("--skip-closed-loop", action="store_true")
+    parser.add_argument("--allow-loaded", action="store_true", help="write to --out even when the machine was loaded")
     args = parser.parse_args(argv)
     if args.command == "proxy":
         asyncio.run(_proxy(args.listen, args.target, args.delay_ms / 1000))
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> None:
 
     task = task_text("push-v3")
     rows, loop = [], []
+    load = os.getloadavg()[0]
     for k, policy in enumerate(args.policy):
         server = start_server(policy, args.port, args.server_threads)
         try:
@@ -377,19 +379,21 @@ def main(argv: list[str] | None = None) -> None:
         "round_trip": rows,
         "closed_loop": loop,
     }
-    from vla.provenance import provenance
+    from vla.provenance import headline_path, provenance, quiet_machine
 
+    result["meta"]["machine_load"] = quiet_machine([load, os.getloadavg()[0]], threads=args.server_threads)
     settings = {
         k: [str(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v
         for k, v in vars(args).items()
     }
     result["provenance"] = provenance(config=settings, dataset=None)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = headline_path(args.out, result["meta"]["machine_load"], args.allow_loaded)  # <out>.loaded when loaded
+    out.mkdir(parents=True, exist_ok=True)
     from vla.io import atomic_write_text, write_json
 
-    write_json(args.out / "bench_serve.json", result)
-    atomic_write_text(args.out / "bench_serve.md", markdown(result))
-    plot(result, args.out / "bench_serve.png")
+    write_json(out / "bench_serve.json", result)
+    atomic_write_text(out / "bench_serve.md", markdown(result))
+    plot(result, out / "bench_serve.png")
     print(markdown(result))
 
 

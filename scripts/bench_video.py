@@ -132,10 +132,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--png", type=Path, required=True, help="a dataset with PNG cameras (read only)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_video.json"))
+    parser.add_argument("--allow-loaded", action="store_true", help="write to --out even when the machine was loaded")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_video"), help="where the copies go")
     parser.add_argument("--seconds", type=float, default=20.0, help="timing per measurement")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    loads = [os.getloadavg()[0]]
 
     from vla.data.reader import dataset_info
 
@@ -180,9 +182,13 @@ def main() -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    from vla.io import write_json
+    from vla.provenance import headline_path, quiet_machine
+
+    meta["machine_load"] = quiet_machine([*loads, os.getloadavg()[0]], threads=1)
+    out = headline_path(args.out, meta["machine_load"], args.allow_loaded)
+    write_json(out, {"meta": meta, "rows": rows})
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

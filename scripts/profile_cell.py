@@ -175,11 +175,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("results/profile"))
+    parser.add_argument("--allow-loaded", action="store_true", help="write to --out even when the machine was loaded")
     args = parser.parse_args()
     import torch
 
     from vla.io import atomic_write_text
-    from vla.provenance import provenance
+    from vla.provenance import headline_path, provenance, quiet_machine
 
     torch.set_num_threads(1)
     recipes = args.recipes.split(",")
@@ -190,11 +191,14 @@ def main() -> None:
         for recipe in recipes:
             record["recipes"][recipe] = profile_recipe(recipe, roots[recipe], args.steps, args.episodes, Path(tmp))
             print(recipe, json.dumps(record["recipes"][recipe], indent=1))
-    record["load_average"] = round((load + os.getloadavg()[0]) / 2, 2)
+    end = os.getloadavg()[0]
+    record["load_average"] = round((load + end) / 2, 2)
+    record["machine_load"] = quiet_machine([load, end], threads=1)
     record["provenance"] = provenance(config=vars(args) | {"out": str(args.out)}, threads=1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "profile.json", json.dumps(record, indent=2, default=str) + "\n")
-    atomic_write_text(args.out / "README.md", markdown(record))
+    out = headline_path(args.out, record["machine_load"], args.allow_loaded)  # a folder: <out>.loaded when loaded
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "profile.json", json.dumps(record, indent=2, default=str) + "\n")
+    atomic_write_text(out / "README.md", markdown(record))
 
 
 if __name__ == "__main__":
