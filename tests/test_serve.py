@@ -440,6 +440,44 @@ def test_overlapped_executor_drops_stale_actions_and_never_waits():
     executor.close()
 
 
+class Recorder:
+    """A local ``infer`` that keeps every observation it is sent; a chunk of ``size`` actions ``[0, 1, ...]``, and the
+    server metadata of a policy that decodes after committed actions."""
+
+    def __init__(self, size: int = 10):
+        self.size, self.sent = size, []
+
+    def get_server_metadata(self) -> dict:
+        return {"policy": {"committed_actions": True}}
+
+    def infer(self, obs: dict) -> dict:
+        self.sent.append(obs)
+        return {"actions": np.arange(self.size, dtype=np.float64)[:, None].repeat(2, axis=1)}
+
+
+def test_overlapped_requests_carry_the_actions_that_run_while_they_are_on_their_way():
+    """A server whose policy decodes after committed actions gets, with each overlapped request, what is left of the
+    current chunk (this tick's action first); a synchronous robot, or one told not to, sends none."""
+    inner = Recorder()
+    executor = ChunkExecutor(inner, control_hz=200, k=3)
+    assert executor.commit
+    for _ in range(8):
+        executor.act({"observation.state": np.zeros(2, np.float32)})
+    time.sleep(0.2)  # the second request leaves from the executor's thread
+    executor.close()
+    first, second = inner.sent[:2]
+    assert "committed_actions" not in first  # the episode's first request: nothing runs meanwhile
+    np.testing.assert_array_equal(second["committed_actions"][:, 0], [7, 8, 9])  # asked with 3 left, at tick 7
+    for commit, mode in ((False, "overlapped"), (None, "sync")):
+        inner = Recorder()
+        executor = ChunkExecutor(inner, control_hz=200, k=3, commit=commit, mode=mode)
+        for _ in range(12):
+            executor.act({"observation.state": np.zeros(2, np.float32)})
+            time.sleep(0.01)
+        executor.close()
+        assert len(inner.sent) >= 2 and all("committed_actions" not in o for o in inner.sent)
+
+
 def test_sync_executor_holds_while_waiting_and_restarts_chunks():
     inner = TickPolicy(delay_s=0.02, size=5)
     executor = ChunkExecutor(inner, control_hz=200, mode="sync")

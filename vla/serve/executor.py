@@ -9,6 +9,9 @@ held and counted (``held``): never zeros, which would mean "go to the zero pose"
 For a policy that reads a state history (``n_obs_steps`` = n > 1, from the server's metadata), the executor keeps
 the last n states of the episode at the control rate (``vla.execution.StateHistory``, every tick, so the frames are
 as far apart as in training) and sends them as ``[n, S]``, oldest first, with each request.
+With ``commit`` (the default when the server's policy decodes after them: ``metadata["policy"]["committed_actions"]``)
+an overlapped request carries the actions the robot will run while it is on its way (``committed_actions``: what is
+left of the current chunk), and the chunk that comes back begins with them (committed-prefix decoding).
 ``mode="sync"`` is the baseline (openpi's ``ActionChunkBroker`` in a real-time world): ask only when the chunk is used
 up, hold the last action while waiting, execute the new chunk from its start. A failed request (server down) counts
 as an error, the last action is held, and the request is sent again on the next tick.
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from vla.execution import StateHistory  # plain Python: the robot side still needs no torch
+from vla.execution import COMMITTED, StateHistory  # plain Python: the robot side still needs no torch
 from vla.serve.client import STATE_KEYS, PolicyClient
 
 logger = logging.getLogger(__name__)
@@ -89,7 +92,8 @@ class ChunkExecutor:
     reads (``None``: the server's metadata, ``metadata["policy"]["n_obs_steps"]``, when ``infer`` has one, else 1);
     above 1 each request carries the episode's last n states ``[n, S]`` (see the module docstring), read from
     ``state_key`` (default: the first of ``STATE_KEYS`` the observation holds; name yours if ``vla serve --key``
-    renames it).
+    renames it). ``commit``: send the committed actions with each overlapped request (``None``: when the server's
+    metadata says its policy decodes after them).
     """
 
     def __init__(
@@ -103,14 +107,20 @@ class ChunkExecutor:
         first_chunk_timeout_s: float = 30.0,
         n_obs_steps: int | None = None,
         state_key: str | None = None,
+        commit: bool | None = None,
     ):
         if mode not in ("overlapped", "sync"):
             raise ValueError(f"mode must be 'overlapped' or 'sync', got {mode!r}")
         if k is not None and k < 0:
             raise ValueError(f"k must be >= 0 (or None for automatic), got {k}")
+        metadata = {}
+        if n_obs_steps is None or commit is None:
+            metadata = (infer.get_server_metadata() if hasattr(infer, "get_server_metadata") else {}) or {}
         if n_obs_steps is None:
-            metadata = infer.get_server_metadata() if hasattr(infer, "get_server_metadata") else {}
-            n_obs_steps = int((metadata or {}).get("policy", {}).get("n_obs_steps", 1))
+            n_obs_steps = int(metadata.get("policy", {}).get("n_obs_steps", 1))
+        if commit is None:
+            commit = bool(metadata.get("policy", {}).get("committed_actions", False))
+        self.commit = bool(commit) and mode == "overlapped"  # a synchronous robot runs nothing while it waits
         if n_obs_steps < 1:
             raise ValueError(f"n_obs_steps must be >= 1 (the states the policy reads), got {n_obs_steps}")
         self.n_obs_steps, self.state_key = n_obs_steps, state_key
@@ -158,6 +168,8 @@ class ChunkExecutor:
         left = self._left()
         ask_at = 0 if self.mode == "sync" else self._k()
         if left <= ask_at and self._inflight is None:
+            if self.commit and left > 0:  # this tick's action and the rest run while the reply is on its way
+                obs = {**obs, COMMITTED: np.array(self._chunk[self._index : self._index + left], dtype=np.float32)}
             self._request(obs)
         if left > 0:
             action = self._chunk[self._index]
