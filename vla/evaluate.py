@@ -191,16 +191,9 @@ def evaluate(
     if commit:  # refused now, not at the first request, for a tokenizer whose ids mix the chunk's steps
         policy.action_tokenizer.prefix_ids(np.zeros((1, 1, policy.config.action_dim)))
     config = policy.config
-    if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
-        raise ValueError(
-            f"n_action_steps {n_action_steps} is outside the policy's chunk: use 1..{config.time_horizon} "
-            f"(time_horizon), or leave it unset for the policy's {config.n_action_steps}"
-        )
+    _check_for_policy(config, n_action_steps, num_beams, gif_episodes)
     if num_beams is not None:
-        config.check_num_beams(num_beams)
         config.num_beams = num_beams
-    if gif_episodes and not config.image_keys:
-        raise ValueError("--gif draws the policy's camera, and this policy has none (state only); drop --gif")
     if n_action_steps is None:  # an ensemble asked for here predicts every step unless told otherwise (ACT)
         n_action_steps = 1 if ensemble is not None and config.temporal_ensemble is None else config.n_action_steps
     ensemble = config.temporal_ensemble if ensemble is None else ensemble
@@ -246,6 +239,19 @@ def evaluate(
     if out_dir is not None:
         _write(Path(out_dir), report, frames, env_name)
     return report
+
+
+def _check_for_policy(config, n_action_steps: int | None, num_beams: int | None, gif_episodes: int) -> None:
+    """The settings that depend on the policy: the actions run per chunk, the beams, a GIF of its camera."""
+    if n_action_steps is not None and not 1 <= n_action_steps <= config.time_horizon:
+        raise ValueError(
+            f"n_action_steps {n_action_steps} is outside the policy's chunk: use 1..{config.time_horizon} "
+            f"(time_horizon), or leave it unset for the policy's {config.n_action_steps}"
+        )
+    if num_beams is not None:
+        config.check_num_beams(num_beams)
+    if gif_episodes and not config.image_keys:
+        raise ValueError("--gif draws the policy's camera, and this policy has none (state only); drop --gif")
 
 
 @contextlib.contextmanager

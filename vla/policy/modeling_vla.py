@@ -89,23 +89,7 @@ class VLAPolicy(PreTrainedPolicy):
         **_: Any,
     ):
         super().__init__(config)
-        if action_normalizer is None:
-            action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
-        # No state (an image-only policy): state_dim 0, or LeRobot's features naming no state (a dataset without one).
-        features = config.input_features
-        if config.state_dim is None and state_normalizer is None and features and OBS_STATE not in features:
-            config.state_dim = 0
-        if config.state_dim == 0:
-            state_normalizer = None
-        elif state_normalizer is None:
-            state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
-        if action_tokenizer is None:
-            action_tokenizer = policy_tokenizer(config, getattr(dataset_meta, "root", None), action_normalizer)
-        if config.fps is None and getattr(dataset_meta, "fps", None):  # LeRobot's trainer: the data's rate, recorded
-            config.fps = float(dataset_meta.fps)
-        self.action_tokenizer = action_tokenizer
-        self.action_normalizer = action_normalizer
-        self.state_normalizer = state_normalizer
+        self._set_parts(action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta)
         self._resolve_dims()
         scale = config.state_delta_scale
         if scale is not None and len(scale) != config.state_dim:
@@ -158,6 +142,28 @@ class VLAPolicy(PreTrainedPolicy):
         self.last_decode_info: DecodeInfo | None = None
         self.reset()  # the executor (chunks -> one action per call) and the state history of select_action
         self._previous_action: torch.Tensor | None = None  # [B, D] raw, the last action select_action returned
+
+    def _set_parts(self, action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta) -> None:
+        """The tokenizer and normalisers as given, else from LeRobot's dataset stats (and the tokenizer fitted on its
+        dataset); the data's fps recorded when LeRobot's trainer gives it."""
+        config = self.config
+        if action_normalizer is None:
+            action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
+        # No state (an image-only policy): state_dim 0, or LeRobot's features naming no state (a dataset without one).
+        features = config.input_features
+        if config.state_dim is None and state_normalizer is None and features and OBS_STATE not in features:
+            config.state_dim = 0
+        if config.state_dim == 0:
+            state_normalizer = None
+        elif state_normalizer is None:
+            state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
+        if action_tokenizer is None:
+            action_tokenizer = policy_tokenizer(config, getattr(dataset_meta, "root", None), action_normalizer)
+        if config.fps is None and getattr(dataset_meta, "fps", None):  # LeRobot's trainer: the data's rate, recorded
+            config.fps = float(dataset_meta.fps)
+        self.action_tokenizer = action_tokenizer
+        self.action_normalizer = action_normalizer
+        self.state_normalizer = state_normalizer
 
     def _query_slots(self, constraint) -> int:
         """Parallel decoding's query slots, one per id (the chunk's length must be known before decoding); 0 for
