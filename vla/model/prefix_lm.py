@@ -64,7 +64,6 @@ def build_model(
     a SigLIP tower: its image size, patch size and width set the shapes).
     """
     vision_encoder = check_name("vision encoder", vision_encoder, VISION_ENCODERS)
-    spec = get_preset(preset)
     if pretrained_path is not None:
         path = Path(pretrained_path)
         if not (path / "config.json").is_file():
@@ -74,16 +73,13 @@ def build_model(
         )
     else:
         if backbone_config is None:
-            config = paligemma_config(spec, vocab, image_size=image_size, num_cameras=num_cameras)
+            config = paligemma_config(get_preset(preset), vocab, image_size=image_size, num_cameras=num_cameras)
         elif isinstance(backbone_config, dict):
             config = PaliGemmaConfig.from_dict(backbone_config)
         else:
             config = backbone_config
         config._attn_implementation = attn_implementation
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            backbone = PaliGemmaForConditionalGeneration(config).to(dtype)
+        backbone = _seeded(seed, 0, lambda: PaliGemmaForConditionalGeneration(config).to(dtype))
     rows = backbone.config.text_config.vocab_size
     if rows < vocab.model_vocab_size or backbone.config.image_token_id != vocab.text.image_id:
         raise ValueError(
@@ -91,22 +87,14 @@ def build_model(
             f"vocabulary map needs {vocab.model_vocab_size} rows and image id {vocab.text.image_id}; "
             "use VocabMap.paligemma with a PaliGemma checkpoint's tokenizer"
         )
-    encoder = None
+    if state_tokens and not state_dim:
+        raise ValueError("state_tokens > 0 needs state_dim: the size of the state the encoder reads")
+    hidden, device = backbone.config.text_config.hidden_size, backbone.device
+    encoder = slots = None
     if state_tokens:
-        if not state_dim:
-            raise ValueError("state_tokens > 0 needs state_dim: the size of the state the encoder reads")
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed + 1)
-            hidden = backbone.config.text_config.hidden_size
-            encoder = StateEncoder(state_dim, hidden, state_tokens).to(device=backbone.device, dtype=dtype)
-    slots = None
+        encoder = _seeded(seed, 1, lambda: StateEncoder(state_dim, hidden, state_tokens).to(device=device, dtype=dtype))
     if query_slots:
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed + 2)
-            hidden = backbone.config.text_config.hidden_size
-            slots = SlotEmbedding(query_slots, hidden).to(device=backbone.device, dtype=dtype)
+        slots = _seeded(seed, 2, lambda: SlotEmbedding(query_slots, hidden).to(device=device, dtype=dtype))
     model = PrefixLM(backbone, encoder, slots)
     if vision_encoder != "siglip":
         stride = STRIDES[vision_encoder]
@@ -116,14 +104,19 @@ def build_model(
                 f"the {vision_encoder} encoder reads images whose size is a multiple of {stride}, but "
                 f"the backbone's is {size}; set image_size to e.g. {size - size % step or step}"
             )
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed + 3)
-            width = backbone.config.vision_config.hidden_size  # the projector's input
-            tower = build_tower(vision_encoder, width, model.image_tokens, model.image_size)
-            tower = tower.to(device=backbone.device, dtype=dtype)
-        backbone.model.vision_tower = tower
+        width = backbone.config.vision_config.hidden_size  # the projector's input
+        tower = _seeded(seed, 3, lambda: build_tower(vision_encoder, width, model.image_tokens, model.image_size))
+        backbone.model.vision_tower = tower.to(device=device, dtype=dtype)
     return model
+
+
+def _seeded(seed: int | None, offset: int, make):
+    """``make()`` with torch's random state seeded by ``seed + offset`` (when a seed is given), the global state
+    untouched: each part of a model draws its initial weights from its own stream."""
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed + offset)
+        return make()
 
 
 class StateEncoder(nn.Module):
