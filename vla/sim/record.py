@@ -98,30 +98,8 @@ def record(
     names = env_names(env_name)  # a clear error for an unknown family or task, before anything is written
     fam, _ = split_name(names[0])
     root = Path(root) if root is not None else default_root(env_name, images)
-    if episodes < 1:
-        raise ValueError(f"episodes must be at least 1, got {episodes}")
-    if not (np.isfinite(action_noise) and 0.0 <= action_noise <= 1.0):
-        raise ValueError(f"action_noise is a standard deviation in action units, 0 to 1; got {action_noise}")
-    if action_noise > 0 and not fam.closed_loop_expert:
-        raise ValueError(
-            f"{fam.name}'s expert is planned at reset and replayed open loop: DART noise "
-            "(--action-noise) would push it off its plan with nothing to correct it; use 0"
-        )
     attempts_allowed = episodes if keep_failed else max_attempts_for(episodes)
-    if seed < 0 or seed + attempts_allowed > EVAL_SEED_START:
-        raise ValueError(
-            f"recording may use seeds {seed}..{seed + attempts_allowed - 1}, but seeds from "
-            f"{EVAL_SEED_START} are kept for evaluation; choose a seed in 0..{EVAL_SEED_START - attempts_allowed}"
-        )
-    if image_format not in IMAGE_FORMATS:
-        raise ValueError(
-            f"image_format must be one of {', '.join(IMAGE_FORMATS)} (video: LeRobot's default, lossy; "
-            f"png: exact frames), got {image_format!r}"
-        )
-    if root.exists() and not overwrite:
-        raise ValueError(f"{root} already exists; choose another --root or pass --overwrite to replace it")
-    if root.exists() and not root.is_dir():
-        raise ValueError(f"{root} exists and is not a folder")
+    _check_settings(fam, root, episodes, action_noise, seed, attempts_allowed, image_format, overwrite)
     image_keys = list(cameras or fam.default_cameras) if images else []
     if images and not image_keys:
         raise ValueError(
@@ -156,6 +134,42 @@ def record(
         _write_recording_json(tmp, summary)
     summary["root"] = str(root)
     return summary
+
+
+def _check_settings(
+    fam,
+    root: Path,
+    episodes: int,
+    action_noise: float,
+    seed: int,
+    attempts_allowed: int,
+    image_format: str,
+    overwrite: bool,
+) -> None:
+    """``record``'s settings, checked before anything is written."""
+    if episodes < 1:
+        raise ValueError(f"episodes must be at least 1, got {episodes}")
+    if not (np.isfinite(action_noise) and 0.0 <= action_noise <= 1.0):
+        raise ValueError(f"action_noise is a standard deviation in action units, 0 to 1; got {action_noise}")
+    if action_noise > 0 and not fam.closed_loop_expert:
+        raise ValueError(
+            f"{fam.name}'s expert is planned at reset and replayed open loop: DART noise "
+            "(--action-noise) would push it off its plan with nothing to correct it; use 0"
+        )
+    if seed < 0 or seed + attempts_allowed > EVAL_SEED_START:
+        raise ValueError(
+            f"recording may use seeds {seed}..{seed + attempts_allowed - 1}, but seeds from "
+            f"{EVAL_SEED_START} are kept for evaluation; choose a seed in 0..{EVAL_SEED_START - attempts_allowed}"
+        )
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(
+            f"image_format must be one of {', '.join(IMAGE_FORMATS)} (video: LeRobot's default, lossy; "
+            f"png: exact frames), got {image_format!r}"
+        )
+    if root.exists() and not overwrite:
+        raise ValueError(f"{root} already exists; choose another --root or pass --overwrite to replace it")
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"{root} exists and is not a folder")
 
 
 def _record_into(
@@ -216,10 +230,26 @@ def _record_into(
             per_task.append(_task_summary(env, kept, tried))
     _remove_empty_dirs(out / "images")  # LeRobot's scratch folder for PNG frames, empty once embedded or encoded
 
+    return _summary(spec, names, first, episodes, seed, keep_failed, per_task, all_kept, all_tried, started)
+
+
+def _summary(
+    spec: str,
+    names: list[str],
+    first: Env,
+    episodes: int,
+    seed: int,
+    keep_failed: bool,
+    per_task: list[dict],
+    all_kept: list[EpisodeResult],
+    all_tried: list[EpisodeResult],
+    started: float,
+) -> dict[str, Any]:
+    """What a recording says about itself (``meta/recording.json``)."""
     seconds = time.perf_counter() - started
     cameras = [k for k, ft in first.features.items() if ft["dtype"] == "image"]
     family, task = spec.split("/")
-    summary = {
+    return {
         "env": family,
         "task": task,  # the spec's task part: "push-v3", "mt10", "drawer-open-v3,drawer-close-v3"
         "task_text": first.task_text if len(names) == 1 else None,
@@ -243,7 +273,6 @@ def _record_into(
         "seconds": round(seconds, 3),
         "steps_per_s": round(sum(r.length for r in all_tried) / max(seconds, 1e-9), 1),
     }
-    return summary
 
 
 def stored_features(features: dict[str, dict], video: bool) -> dict[str, dict]:
