@@ -93,6 +93,32 @@ MAX_MIN_TOKEN = 1 << 20
 ORDERS = ("dimension", "frequency")
 
 
+def _alphabet(arr: np.ndarray, q: np.ndarray, scale: float, auto: bool):
+    """The rounded coefficients ``q`` of chunks ``arr`` checked (finite, an alphabet a FAST tokenizer can hold):
+    ``(q, min_token, max_token, choices)``; with ``auto`` the alphabet is the central range ``rate.auto_alphabet``
+    chooses, ``q`` clipped to it and the choice said in ``choices``."""
+    if not np.isfinite(q).all():
+        raise ValueError(
+            f"the DCT coefficients of the chunks overflow (values up to {np.abs(arr).max():.3g}); check that the "
+            "chunks are normalised"
+        )
+    min_token, max_token = int(q.min()), int(q.max())
+    choices: dict[str, tuple[Any, str]] = {}
+    if auto:
+        alphabet = rate.auto_alphabet(q)
+        min_token, max_token = alphabet.min_token, alphabet.max_token
+        q = np.clip(q, min_token, max_token)
+        choices["alphabet"] = (f"{min_token}..{max_token}", alphabet.why)
+    n_symbols = max_token - min_token + 1
+    if n_symbols > MAX_SYMBOLS or max(-min_token, max_token) > MAX_MIN_TOKEN:  # symbols are code points
+        raise ValueError(
+            f"the rounded DCT coefficients span {n_symbols} values ({min_token}..{max_token}), more than the "
+            f"{MAX_SYMBOLS} a FAST alphabet can hold (MAX_SYMBOLS, and |coefficient| <= {MAX_MIN_TOKEN}); lower "
+            f"scale (now {scale}) and check that the chunks are normalised"
+        )
+    return q, min_token, max_token, choices
+
+
 class FASTTokenizer(ActionTokenizer):
     name: ClassVar[str] = "fast"
 
@@ -215,26 +241,8 @@ class FASTTokenizer(ActionTokenizer):
         coef = dct(arr)
         if target_rmse is not None:
             scale = scale_for_rmse(coef, target_rmse, deadzone)
-        q = quantize(coef, scale, deadzone)  # integer-valued floats: checked before any cast
-        if not np.isfinite(q).all():
-            raise ValueError(
-                f"the DCT coefficients of the chunks overflow (values up to {np.abs(arr).max():.3g}); check that the "
-                "chunks are normalised"
-            )
-        min_token, max_token = int(q.min()), int(q.max())
-        choices: dict[str, tuple[Any, str]] = {}
-        if auto:
-            alphabet = rate.auto_alphabet(q)
-            min_token, max_token = alphabet.min_token, alphabet.max_token
-            q = np.clip(q, min_token, max_token)
-            choices["alphabet"] = (f"{min_token}..{max_token}", alphabet.why)
+        q, min_token, max_token, choices = _alphabet(arr, quantize(coef, scale, deadzone), scale, auto)
         n_symbols = max_token - min_token + 1
-        if n_symbols > MAX_SYMBOLS or max(-min_token, max_token) > MAX_MIN_TOKEN:  # symbols are code points
-            raise ValueError(
-                f"the rounded DCT coefficients span {n_symbols} values ({min_token}..{max_token}), more than the "
-                f"{MAX_SYMBOLS} a FAST alphabet can hold (MAX_SYMBOLS, and |coefficient| <= {MAX_MIN_TOKEN}); lower "
-                f"scale (now {scale}) and check that the chunks are normalised"
-            )
         strings = ints_to_strings(flatten((q - min_token).astype(np.int64), order))
         shape = dict(
             scale=scale,
