@@ -42,6 +42,36 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     data.set_defaults(func=usage)
     sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
 
+    _add_record(sub)
+
+    stats = sub.add_parser(
+        "stats",
+        help="write exact frame statistics into meta/stats.json (LeRobot's are averaged per-episode quantiles)",
+        description="Replace meta/stats.json's action and state entries with exact statistics of every frame "
+        "(min, max, mean, std, q01..q99), keeping the original as meta/stats.json.orig, so that any LeRobot policy "
+        "trained on the dataset normalises with real quantiles (lerobot issue #4156).",
+    )
+    stats.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
+    stats.set_defaults(func=_stats)
+
+    info = sub.add_parser(
+        "info",
+        help="describe a LeRobot dataset: what it holds, what training would choose, what will hurt",
+        description="Describe a LeRobot v3.0 dataset (episodes, frames, features and their names, cameras and their "
+        "sizes), check its files and values, and say what `vla train --dataset_root DIR` would choose from it (chunk "
+        "length from the fps, matched state dims, grippers, state history, held-out split) and what will hurt.",
+    )
+    info.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
+    info.add_argument("--json", action="store_true", help="print the recording metadata as JSON too")
+    info.set_defaults(func=_info)
+
+    from vla.data.convert import add_cli as add_convert  # vla data convert SRC DST (LeRobot v2.1 -> v3.0)
+
+    add_convert(sub)
+
+
+def _add_record(sub: argparse._SubParsersAction) -> None:
+    """``vla data record``: its options."""
     rec = sub.add_parser(
         "record",
         help="record scripted-expert episodes from a simulator",
@@ -118,31 +148,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     rec.add_argument("--overwrite", action="store_true", help="replace --root if it exists")
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
     rec.set_defaults(func=_record)
-
-    stats = sub.add_parser(
-        "stats",
-        help="write exact frame statistics into meta/stats.json (LeRobot's are averaged per-episode quantiles)",
-        description="Replace meta/stats.json's action and state entries with exact statistics of every frame "
-        "(min, max, mean, std, q01..q99), keeping the original as meta/stats.json.orig, so that any LeRobot policy "
-        "trained on the dataset normalises with real quantiles (lerobot issue #4156).",
-    )
-    stats.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
-    stats.set_defaults(func=_stats)
-
-    info = sub.add_parser(
-        "info",
-        help="describe a LeRobot dataset: what it holds, what training would choose, what will hurt",
-        description="Describe a LeRobot v3.0 dataset (episodes, frames, features and their names, cameras and their "
-        "sizes), check its files and values, and say what `vla train --dataset_root DIR` would choose from it (chunk "
-        "length from the fps, matched state dims, grippers, state history, held-out split) and what will hurt.",
-    )
-    info.add_argument("root", type=Path, help="dataset folder (holding meta/ and data/)")
-    info.add_argument("--json", action="store_true", help="print the recording metadata as JSON too")
-    info.set_defaults(func=_info)
-
-    from vla.data.convert import add_cli as add_convert  # vla data convert SRC DST (LeRobot v2.1 -> v3.0)
-
-    add_convert(sub)
 
 
 def _record(args: argparse.Namespace) -> int:
