@@ -223,19 +223,10 @@ def evaluate(
         )
     common = _decoding(runner, n_action_steps, ensemble, config.num_beams, len(envs)) | (delay or {})
     report = _report(results, names, env_name, episodes, seed_start, common)
-    settings = dict(
-        env=env_name,
-        episodes=episodes,
-        seed_start=seed_start,
-        n_action_steps=n_action_steps,
-        ensemble=ensemble,
-        num_beams=config.num_beams,
-        max_steps=max_steps,
-        num_envs=num_envs,
-        env_options=env_options,
-        **({} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead, commit=commit)),
-    )
-    report["provenance"] = eval_provenance(policy_dir, settings)
+    delayed = {} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead, commit=commit)
+    run = dict(n_action_steps=n_action_steps, ensemble=ensemble, num_beams=config.num_beams, max_steps=max_steps)
+    settings = dict(env=env_name, episodes=episodes, seed_start=seed_start, **run, num_envs=num_envs)
+    report["provenance"] = eval_provenance(policy_dir, {**settings, "env_options": env_options, **delayed})
     if out_dir is not None:
         _write(Path(out_dir), report, frames, env_name)
     return report

@@ -70,6 +70,20 @@ class _Running:
         self.last = np.asarray(action, dtype=np.float64)
         return action
 
+    def step(self, env: Env, on_step: Callable[[int, dict[str, Any], np.ndarray], None] | None) -> tuple[bool, dict]:
+        """One action of the episode on ``env``: ``(done, info)``."""
+        action = self.act(env)
+        if on_step is not None:
+            on_step(self.index, self.obs, action)
+        # The next observation is shown to the policy only when the executor wants a chunk at the next tick (nothing
+        # else changes it before then), so only then are its cameras drawn (every time for ``on_step``).
+        shown = on_step is not None or self.actions.needs_chunk()
+        obs, reward, done, info = env.step(action, render=shown)
+        self.observe(obs)
+        self.ret += reward
+        self.length += 1
+        return done, info
+
     def result(self, seed: int, success: bool, env: str) -> EpisodeResult:
         """How the episode on ``seed`` went, now that it ended."""
         return EpisodeResult(
@@ -195,16 +209,7 @@ def run_episodes(
         for e, run in enumerate(running):
             if run is None:
                 continue
-            action = run.act(envs[e])
-            if on_step is not None:
-                on_step(run.index, run.obs, action)
-            # The next observation is shown to the policy only when the executor wants a chunk at the next tick
-            # (nothing else changes it before then), so only then are its cameras drawn.
-            shown = on_step is not None or run.actions.needs_chunk()
-            obs, reward, done, info = envs[e].step(action, render=shown)
-            run.observe(obs)
-            run.ret += reward
-            run.length += 1
+            done, info = run.step(envs[e], on_step)
             if done:
                 result = results[run.index] = run.result(episodes[run.index][1], bool(info["success"]), envs[e].name)
                 if on_episode is not None:
