@@ -126,6 +126,8 @@ def test_compare_ends_with_a_recommendation_at_the_training_chunk(tiny_dataset_r
     within = [k for k, r in rows.items() if r["rmse"] <= compare.MAX_RMSE and r["valid_rate_heldout"] == 1.0]
     assert rec["tokenizer"] == min(within, key=lambda k: rows[k]["tokens_per_chunk_mean"])
     assert saved["time_horizon"] == 40 and saved["time_horizon_why"] == "the chunk vla train chooses"  # 0.5 s at 80 fps
+    fast_vocab = next(c for c in rows["fast"]["chosen"] if c.startswith("vocab_size = "))  # FAST's "auto", recorded
+    assert f"fast: chose {fast_vocab}" in lines and "chosen" not in rows["bin"]  # ... and said
     # the answer is last: which tokenizer at which rate and chunk, why, and the command to train with it
     answer = lines[[i for i, line in enumerate(lines) if line.startswith("recommendation: ")][-1] :]
     assert answer[0].startswith(f"recommendation: {rec['tokenizer']}, ") and "ids per chunk" in answer[0]

@@ -311,8 +311,11 @@ def compare(
         start = time.perf_counter()
         tok = entry.fit(split.train, **entry_fit_options(entry, fit_options))
         fit_s = time.perf_counter() - start
+        for line in tok.choices():  # what the fit chose from the chunks (FAST's vocabulary), said and recorded
+            log(f"{entry.label}: chose {line}")
         fit_report = {"fit_report": tok.fit_report} if getattr(tok, "fit_report", None) else {}  # FSQ: steps, stop
-        row = {"fit_seconds": fit_s, **fit_report, **measure(tok, split, tolerance, n_random, seed)}
+        chosen = {"chosen": tok.choices()} if tok.choices() else {}
+        row = {"fit_seconds": fit_s, **fit_report, **chosen, **measure(tok, split, tolerance, n_random, seed)}
         results["tokenizers"][entry.label] = row
     if do_sweep:
         results["sweep"] = sweep(split, entries, fit_options, log)

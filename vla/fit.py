@@ -56,6 +56,8 @@ def fit_tokenizer(
     )
     tok = entry.fit(split.train, **options)
     fit_s = time.perf_counter() - start
+    for line in tok.choices():
+        log(f"chose {line}")
     report = {
         "dataset": str(root),
         "time_horizon": split.time_horizon,

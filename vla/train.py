@@ -357,9 +357,10 @@ def start_run(run: RunFolder, cfg: TrainConfig, accelerator) -> tuple[dict[str, 
 def say_choices(policy: VLAPolicy, encoded: dict[str, Any], accelerator) -> None:
     """What the tokenizer's fit chose from the data: said, and kept with the run's other choices."""
     for name, (value, why) in policy.action_tokenizer.fit_choices.items():
-        if accelerator.is_main_process:
-            print(f"chose tokenizer.{name} = {value}: {why}")
         encoded.setdefault("chosen", {})[f"tokenizer.{name}"] = f"{value}: {why}"
+    for line in policy.action_tokenizer.choices():
+        if accelerator.is_main_process:
+            print(f"chose tokenizer.{line}")
 
 
 def make_optimization(cfg: TrainConfig, policy: VLAPolicy, accelerator) -> Optimization:

@@ -251,6 +251,22 @@ def test_auto_vocabulary_grows_with_the_data_and_says_why(train_chunks):
         at.FASTTokenizer.fit(train_chunks[:200], vocab_size="big")
 
 
+def test_what_the_fit_chose_is_said_saved_and_loaded_back(train_chunks, tmp_path):
+    tok = at.FASTTokenizer.fit(train_chunks[:200])
+    lines = tok.choices()
+    assert [line.split(" = ")[0] for line in lines] == list(tok.fit_choices)  # alphabet, then vocab_size
+    assert f"vocab_size = {tok.vocab_size}: " in "\n".join(lines)
+    back = at.load_tokenizer(tok.save_pretrained(tmp_path / "tok"))
+    assert back.fit_choices == tok.fit_choices and back.choices() == lines
+    config = json.loads((tmp_path / "tok" / at.base.CONFIG_NAME).read_text())
+    assert config["fit_choices"]["vocab_size"]["value"] == tok.vocab_size
+    config["fit_choices"] = {"vocab_size": 128}  # not {value, why}
+    (tmp_path / "tok" / at.base.CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="fit_choices must map at most 16 setting names"):
+        at.load_tokenizer(tmp_path / "tok")
+    assert at.FASTTokenizer.fit(train_chunks[:200], vocab_size=512).choices() == []
+
+
 def test_auto_alphabet_clips_a_few_outlying_chunks_and_counts_them(train_chunks):
     chunks = train_chunks.copy()
     chunks[:2] *= 40  # two chunks far outside the normalised range

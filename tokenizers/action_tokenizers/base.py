@@ -153,9 +153,16 @@ class ActionTokenizer(ABC):
     def tokens_per_chunk(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         return np.array([len(row) for row in ids])
 
+    def choices(self) -> list[str]:
+        """What ``fit`` chose from the data, one line each (``"vocab_size = 128: why"``); empty when nothing was."""
+        return [f"{name} = {value}: {why}" for name, (value, why) in self.fit_choices.items()]
+
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Save atomically: everything is written to a temporary sibling, then renamed into place."""
+        """Save atomically: everything is written to a temporary sibling, then renamed into place. What ``fit``
+        chose from the data is kept beside the options (``fit_choices``: name -> {value, why}), for the record."""
         config = {"type": self.name, "format_version": FORMAT_VERSION, **self._config()}
+        if self.fit_choices:
+            config["fit_choices"] = {k: {"value": v, "why": why} for k, (v, why) in self.fit_choices.items()}
         with atomic_directory(directory) as tmp:
             write_json(tmp / CONFIG_NAME, config)
             self._save_files(tmp)

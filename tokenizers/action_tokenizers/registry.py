@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
+from typing import Any
 
 from .base import CONFIG_NAME, FORMAT_VERSION, ActionTokenizer
 from .beast import BEASTTokenizer
@@ -51,4 +52,25 @@ def load_tokenizer(directory: str | os.PathLike) -> ActionTokenizer:
         cls = get_tokenizer_class(config.pop("type", None))
     except ValueError as err:
         raise ValueError(f"{path}: {err}; save the tokenizer again") from None
-    return cls._from_saved(config, directory)
+    choices = _fit_choices(config.pop("fit_choices", {}), path)
+    tok = cls._from_saved(config, directory)
+    tok.fit_choices = choices
+    return tok
+
+
+MAX_FIT_CHOICES = 16  # a saved tokenizer's record of what its fit chose: a few named settings, no more
+
+
+def _fit_choices(saved: Any, path: Path) -> dict[str, tuple[Any, str]]:
+    """A saved ``fit_choices`` record (name -> {value, why}) read back, or one ``ValueError`` naming the file."""
+    ok = isinstance(saved, dict) and len(saved) <= MAX_FIT_CHOICES
+    ok = ok and all(
+        isinstance(k, str) and isinstance(v, dict) and set(v) == {"value", "why"} and isinstance(v["why"], str)
+        for k, v in saved.items()
+    )
+    if not ok:
+        raise ValueError(
+            f"{path}: fit_choices must map at most {MAX_FIT_CHOICES} setting names to {{value, why}}; remove it "
+            "or save the tokenizer again"
+        )
+    return {k: (v["value"], v["why"]) for k, v in saved.items()}

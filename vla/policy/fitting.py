@@ -54,4 +54,7 @@ def policy_tokenizer(config: VLAConfig, root: Path | None, action_normalizer: at
         len(chunks),
         root,
     )
-    return parse_choice(config.action_tokenizer_type).fit(action_normalizer.normalize(chunks))
+    tok = parse_choice(config.action_tokenizer_type).fit(action_normalizer.normalize(chunks))
+    for line in tok.choices():  # what the fit chose from the data, said (and saved with the tokenizer)
+        logger.info("chose tokenizer.%s", line)
+    return tok
