@@ -211,6 +211,28 @@ def test_an_explicit_value_always_wins(arm_50hz):
     assert seconds.policy.time_horizon == 15  # 0.3 s at 50 fps
 
 
+def test_a_delay_makes_the_chunk_long_enough_to_cover_it(arm_50hz):
+    """With policy.delay_ms, the chunk is raised so that the actions run from it last while the next is on its way:
+    the delay's steps plus the actions run per chunk (half a chunk when unset)."""
+    info = reader.dataset_info(arm_50hz)
+
+    def chosen(*args: str):
+        cfg, choices = defaults.choose(load_config(args=[f"--dataset_root={arm_50hz}", *args]), info)
+        return cfg.policy, next(c for c in choices if c.name == "policy.time_horizon")
+
+    policy, choice = chosen("--policy.delay_ms=300")  # 15 steps at 50 fps; the default 0.5 s chunk is 25
+    assert (policy.time_horizon, policy.n_action_steps) == (30, 15) and "raised to 30" in choice.why
+    assert chosen("--policy.delay_ms=100")[0].time_horizon == 25  # 5 steps: the default chunk covers it
+    policy, choice = chosen("--policy.chunk_seconds=0.2", "--policy.delay_ms=300", "--policy.n_action_steps=4")
+    assert (policy.time_horizon, policy.n_action_steps) == (19, 4) and "4 actions run" in choice.why  # 15 + 4
+    policy, choice = chosen("--policy.time_horizon=10", "--policy.delay_ms=300")  # a given T is raised too
+    assert policy.time_horizon == 30 and not choice.given
+    policy, choice = chosen("--policy.time_horizon=40", "--policy.delay_ms=300")  # ... and stands when it covers it
+    assert policy.time_horizon == 40 and choice.given
+    with pytest.raises(ValueError, match="delay_ms"):
+        chosen("--policy.delay_ms=-5")
+
+
 def test_every_config_file_keeps_its_fixed_defaults():
     """configs/*.yaml start from the fixed defaults: nothing in them is left to be chosen from the data."""
     for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):

@@ -14,7 +14,8 @@ The choices, and why (the measured configs they come from):
   policy.image_keys            every camera of the dataset
   policy.vision_encoder        ``conv`` for cameras learnt from scratch (configs/images.yaml: 34% success on push-v3
                                from pixels, SigLIP from scratch 6%); ``siglip`` with a pretrained backbone_path
-  policy.time_horizon          ``round(chunk_seconds * fps)``, ``CHUNK_SECONDS`` when chunk_seconds is unset
+  policy.time_horizon          ``round(chunk_seconds * fps)``, ``CHUNK_SECONDS`` when chunk_seconds is unset; with
+                               ``delay_ms``, at least the delay's steps plus the actions run per chunk (``_chunk``)
   policy.n_action_steps        half the chunk (the fixed recipe's 5 of 10)
   policy.n_obs_steps           ``STATE_HISTORY`` for a policy that reads a state and no camera (positions do not show
                                motion; configs/piper_grape.yaml needed 3 states to beat holding the state), else 1
@@ -27,6 +28,7 @@ The choices, and why (the measured configs they come from):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,17 +302,36 @@ def _encoder(keys: list[str], p) -> tuple[str, str]:
 
 def _chunk(p, info: reader.DatasetInfo) -> tuple[float | None, int | None, str]:
     """``(chunk_seconds, T, why)``: T from ``chunk_seconds`` (given, or the default when T is unset) at the data's fps,
-    cut to the longest episode; T None when ``time_horizon`` is given without ``chunk_seconds`` (it stands)."""
+    raised to cover ``delay_ms`` when one is given, cut to the longest episode; T None when ``time_horizon`` is given
+    without ``chunk_seconds`` or a delay (it stands)."""
     seconds = p.chunk_seconds
     if seconds is None and p.time_horizon is not None:
+        if not p.delay_ms:
+            return seconds, None, ""
+        horizon, why = p.time_horizon, f"policy.time_horizon={p.time_horizon}"
+    else:
+        from_user = seconds is not None
+        seconds = seconds if from_user else CHUNK_SECONDS
+        horizon = max(1, round(seconds * info.fps))
+        source = "policy.chunk_seconds" if from_user else "the default chunk, policy.chunk_seconds unset"
+        why = f"{seconds:g} s at {info.fps} fps ({source})"
+        if from_user and p.time_horizon is not None and p.time_horizon != horizon:
+            why += f"; chunk_seconds decides T, not time_horizon={p.time_horizon}"
+    given = seconds is None  # time_horizon as given, which stands unless the delay needs more
+    if p.delay_ms:  # the actions run from a chunk must last while the next one is on its way
+        steps = math.ceil(p.delay_ms * info.fps / 1000 - 1e-9)
+        need = steps + (p.n_action_steps or steps)
+        if horizon < need:
+            given = False
+            runs = f"{p.n_action_steps} actions run" if p.n_action_steps else "half a chunk runs"
+            lasts = f"a {p.delay_ms:g} ms delay lasts {steps} steps at {info.fps} fps"
+            horizon, why = (
+                need,
+                f"{why}, raised to {need}: {lasts}, and {runs} from each chunk after it (policy.delay_ms)",
+            )
+    if given:
         return seconds, None, ""
-    from_user = seconds is not None
-    seconds = seconds if from_user else CHUNK_SECONDS
-    horizon, longest = max(1, round(seconds * info.fps)), int(info.episode_lengths.max())
-    source = "policy.chunk_seconds" if from_user else "the default chunk, policy.chunk_seconds unset"
-    why = f"{seconds:g} s at {info.fps} fps ({source})"
-    if from_user and p.time_horizon is not None and p.time_horizon != horizon:
-        why += f"; chunk_seconds decides T, not time_horizon={p.time_horizon}"
+    longest = int(info.episode_lengths.max())
     if horizon > longest:
         horizon, why = longest, why + f", cut to the longest episode ({longest} frames)"
     return seconds, horizon, why

@@ -73,6 +73,10 @@ class VLAConfig(PreTrainedConfig):
     # The chunk's length in seconds: when set, `vla train` sets time_horizon = round(chunk_seconds * fps) (it decides T
     # even where time_horizon is set too); None with time_horizon None: vla.data.defaults.CHUNK_SECONDS
     chunk_seconds: float | None = None
+    # The delay the policy will be served behind (network round trip plus decode, ms): `vla train` makes the chunk long
+    # enough that the actions run from it still cover the time the next one is on its way, T >= ceil(delay_ms * fps /
+    # 1000) + n_action_steps (half the chunk when n_action_steps is unset: T >= twice the delay's steps). None: no delay
+    delay_ms: float | None = None
     # Frames per second of the data the policy was trained on, recorded by `vla train` (and LeRobot's trainer): a chunk
     # of time_horizon steps means time_horizon / fps seconds. Fine-tuning on data at another rate is refused unless
     # this is set to that rate (--policy.fps=...). None: not recorded (policies saved before it was)
@@ -235,6 +239,12 @@ class VLAConfig(PreTrainedConfig):
             "time_horizon",
             self.time_horizon,
             "use a positive number of steps, or None (from chunk_seconds and the dataset's fps)",
+        )
+        _check(
+            self.delay_ms is None or 0 <= self.delay_ms <= 60_000,
+            "delay_ms",
+            self.delay_ms,
+            "use the round trip plus decode in milliseconds, 0..60000, or None (no delay)",
         )
         _check(
             self.chunk_seconds is None or 0 < self.chunk_seconds < float("inf"),
