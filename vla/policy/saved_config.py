@@ -62,6 +62,7 @@ LOAD_CHANGEABLE = {
     "scheduler_decay_steps",
     "scheduler_decay_lr",
     "fps",
+    "delay_ms",  # the delay the chunk was sized for: the chunk itself (time_horizon) stays
 }
 
 
