@@ -23,11 +23,11 @@ back to the uncompiled layers, with a warning, where it cannot compile.
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaModel, GemmaRotaryEmbedding
 
 from vla.model.sequence import Sequence
 
@@ -43,7 +43,7 @@ class LeanSteps:
     additive mask over every column, and RoPE's cos/sin for every position a new token will take, so a step is
     about a dozen tensor ops per layer and allocates only its activations. Left padding puts every row's token
     ``step`` in the same column ``Lp + step``. For small models the q/k/v and gate/up projections run as one matrix
-    product each (``_fused``: concatenated weights, cached per layer and rebuilt when a weight changes).
+    product each (``_fused``: concatenated weights, stacked once per call).
     """
 
     # A phase (the prefill, or one step) whose largest matrix product is below this many multiply-adds runs on one
@@ -94,10 +94,10 @@ class LeanSteps:
         rope = (getattr(lm.config, "rope_parameters", None) or {}).get("rope_type", "default")
         act = getattr(lm.config, "hidden_activation", None) or getattr(lm.config, "hidden_act", None)
         return (
-            type(lm).__name__ == "GemmaModel"
-            and all(type(layer).__name__ == "GemmaDecoderLayer" for layer in layers)
+            type(lm) is GemmaModel  # exactly: a subclass (Gemma 2's) may change the layer
+            and all(type(layer) is GemmaDecoderLayer for layer in layers)
             and all(getattr(p, "bias", None) is None for layer in layers for p in _linear_modules(layer))
-            and type(lm.rotary_emb).__name__ == "GemmaRotaryEmbedding"
+            and type(lm.rotary_emb) is GemmaRotaryEmbedding
             and rope == "default"
             and act == "gelu_pytorch_tanh"
             and float(getattr(lm.config, "attention_dropout", 0.0) or 0.0) == 0.0
@@ -380,20 +380,13 @@ def _projections(layer) -> tuple[torch.Tensor, ...]:
     return a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight
 
 
-_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (weights' identity and version, tensors)
-
-
 def _fused(layer) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(w_qkv, w_gate_up)``: the layer's q/k/v and gate/up weights stacked along the output dimension, cached until
-    one of them is replaced or changed in place (an optimiser step or ``load_state_dict`` bumps its version)."""
+    """``(w_qkv, w_gate_up)``: the layer's q/k/v and gate/up weights stacked along the output dimension, built anew for
+    each decoding call (``LeanSteps``), so that they are always the weights as they are now (an optimiser step between
+    two held-out measurements changes them in place)."""
     weights = _projections(layer)
-    key = tuple((w.data_ptr(), w._version) for w in weights)
-    hit = _FUSED.get(layer)
-    if hit is None or hit[0] != key:
-        with torch.no_grad():
-            hit = (key, (torch.cat(weights[:3]).detach(), torch.cat(weights[3:]).detach()))
-        _FUSED[layer] = hit
-    return hit[1]
+    with torch.no_grad():
+        return torch.cat(weights[:3]).detach(), torch.cat(weights[3:]).detach()
 
 
 def _signed(sin: torch.Tensor) -> torch.Tensor:
