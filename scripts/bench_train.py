@@ -104,7 +104,9 @@ def run(code: Path, recipe: str, dataset: Path, threads: int, steps: int, extra:
         done = subprocess.run(args, env=environment(code, threads), capture_output=True, text=True, cwd=code)
         if done.returncode:
             raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
-        rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        from vla.run_folder import RunFolder
+
+        rows = RunFolder(out).metrics_rows()
     rate = float(re.search(r"([0-9.]+) samples/s", done.stdout).group(1))
     elapsed = {r["step"]: r["step"] * BATCH / r["samples_per_s"] for r in rows}  # seconds since the loop started
     first, last = WARMUP_STEPS, max(elapsed)
