@@ -289,6 +289,8 @@ class _Steps:
     forward with its KV cache (this class), ``_LeanSteps`` (the lean layers on a static cache) and ``_Recompute``
     (everything recomputed each step, the reference)."""
 
+    use_cache = True
+
     def __init__(self, model, prompt: Sequence, images: torch.Tensor | None, max_new_tokens: int) -> None:
         self.model, self.prompt, self.images = model, prompt, images
         self.next_position = prompt.position_ids[:, -1] + 1  # [B]: left padding ends every row in the last column
@@ -303,11 +305,11 @@ class _Steps:
             p.position_ids,
             token_type_ids=p.ar,
             images=self.images,
-            use_cache=True,
+            use_cache=self.use_cache,
             state=p.state,
             state_slots=p.state_slots,
         )
-        self.cache = out.past_key_values
+        self.cache = out.past_key_values if self.use_cache else None
         return self.model.logits(out.last_hidden_state[:, -1])
 
     def step(self, token: torch.Tensor, step: int) -> torch.Tensor:
@@ -356,23 +358,11 @@ class _Recompute(_Steps):
     """No cache: the prompt and every token so far recomputed at each step, as one suffix-extended sequence (the
     reference the cached back-ends must match id for id)."""
 
+    use_cache = False  # the prefill keeps no cache
+
     def __init__(self, model, prompt: Sequence, images: torch.Tensor | None, max_new_tokens: int) -> None:
         super().__init__(model, prompt, images, max_new_tokens)
         self.tokens = torch.zeros(len(prompt), 0, dtype=torch.long, device=prompt.input_ids.device)
-
-    def prefill(self) -> torch.Tensor:
-        p = self.prompt
-        out = self.model(
-            p.input_ids,
-            p.attention_mask,
-            p.position_ids,
-            token_type_ids=p.ar,
-            images=self.images,
-            use_cache=False,
-            state=p.state,
-            state_slots=p.state_slots,
-        )
-        return self.model.logits(out.last_hidden_state[:, -1])
 
     def step(self, token: torch.Tensor, step: int) -> torch.Tensor:
         p = self.prompt
