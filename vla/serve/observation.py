@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla.execution import StateHistory
+from vla.execution import COMMITTED, StateHistory
 from vla.policy.checks import checked_state
 from vla.policy.images import camera_image
 
@@ -46,7 +46,6 @@ class Item:
 
 
 RESET_KEY = "reset"  # a message flag: this observation is an episode's first
-COMMITTED = "committed_actions"  # optional: the actions that will run before the reply arrives (vla.execution)
 
 
 def numeric(value: Any, key: str, what: str) -> np.ndarray:
