@@ -211,6 +211,19 @@ def test_an_explicit_value_always_wins(arm_50hz):
     assert seconds.policy.time_horizon == 15  # 0.3 s at 50 fps
 
 
+def test_the_actions_run_per_chunk_are_bounded_by_the_chunk_the_data_decides(arm_50hz):
+    """With chunk_seconds, T is decided from the data's fps when training starts: n_action_steps above the field's
+    placeholder T (10) is accepted, and bounded by the decided chunk instead."""
+    info = reader.dataset_info(arm_50hz)
+    base = [f"--dataset_root={arm_50hz}", "--policy.time_horizon=10", "--policy.chunk_seconds=0.5"]
+    cfg = defaults.choose(load_config(args=[*base, "--policy.n_action_steps=20"]), info)[0]
+    assert (cfg.policy.time_horizon, cfg.policy.n_action_steps) == (25, 20)  # 0.5 s at 50 fps
+    with pytest.raises(ValueError, match=r"n_action_steps.*time_horizon \(25\)"):
+        defaults.choose(load_config(args=[*base, "--policy.n_action_steps=30"]), info)
+    with pytest.raises(ValueError, match=r"time_horizon \(10\)"):  # a T that stands bounds it at once
+        load_config(args=[f"--dataset_root={arm_50hz}", "--policy.time_horizon=10", "--policy.n_action_steps=20"])
+
+
 def test_a_delay_makes_the_chunk_long_enough_to_cover_it(arm_50hz):
     """With policy.delay_ms, the chunk is raised so that the actions run from it last while the next is on its way:
     the delay's steps plus the actions run per chunk (half a chunk when unset)."""

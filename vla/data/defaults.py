@@ -261,6 +261,11 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         max(1, horizon // 2),
         "half the chunk runs before the next is predicted (the fixed recipe's 5 of 10)",
     )
+    if not 1 <= n_action <= horizon:  # a T decided here (chunk_seconds, a delay) bounds what was given before it
+        raise ValueError(
+            f"VLAConfig.n_action_steps = {n_action} is invalid: use 1 <= n_action_steps <= time_horizon ({horizon}), "
+            "the chunk chosen for this dataset, or None (half the chunk)"
+        )
     history = pick("policy.n_obs_steps", p.n_obs_steps, p.n_obs_steps is None, *_history(p, info, keys))
     decay = pick(
         "policy.scheduler_decay_steps",

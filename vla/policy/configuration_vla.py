@@ -252,8 +252,11 @@ class VLAConfig(PreTrainedConfig):
             self.chunk_seconds,
             "use a positive number of seconds, e.g. 0.5, or None",
         )
+        # T is decided when training starts where chunk_seconds or a delay is set (vla.data.defaults): bound it then
+        decided_later = self.chunk_seconds is not None or bool(self.delay_ms) or self.time_horizon is None
         _check(
-            self.n_action_steps is None or 1 <= self.n_action_steps <= (self.time_horizon or self.n_action_steps),
+            self.n_action_steps is None
+            or 1 <= self.n_action_steps <= (self.n_action_steps if decided_later else self.time_horizon),
             "n_action_steps",
             self.n_action_steps,
             f"use 1 <= n_action_steps <= time_horizon ({self.time_horizon}), or None (half the chunk)",
