@@ -1,14 +1,18 @@
 #!/usr/bin/env python
 """Closed-loop success behind a network delay: trained policies (one per training seed) evaluated by ``vla eval``'s
-delay model at several delays each way, synchronous and with the request sent ahead.
+delay model at several delays each way: synchronous, asked ahead, and asked ahead with the committed actions sent.
 
     python scripts/delay_table.py --policy s0=RUN0/policy --policy s1=RUN1/policy ... \\
-        [--task push-v3] [--episodes 50] [--max-steps 200] [--delays 0,50,100,200] [--out results/delay]
+        [--task push-v3] [--episodes 100] [--max-steps 200] [--delays 0,50,100,200] [--out results/delay]
+    python scripts/delay_table.py --study results/STUDY [--work outputs/studies/STUDY] ...   # every finished run
 
 Each policy is evaluated with no delay at all (today's loop), then for each one-way delay D at a round trip of 2D
-plus its measured decode time (``vla eval --delay-ms 2D``), holding until the reply (``when empty``) and asking
-ahead (``--ahead``). Writes ``delay.json`` (every evaluation's settings and figures, with provenance), ``README.md``
-(mean success over the policies, each policy's, the steps held and the jump at the hand-over) and ``delay.png``.
+plus its decode time (``vla eval --delay-ms 2D --decode-ms ...``; the decode is measured once per policy, so every
+delay of a policy is the same decode): holding until the reply (``when empty``), asking ahead (``--ahead``) and,
+where the policy's tokenizer spells each action step by its own ids, asking ahead with the actions that will run
+meanwhile sent along, the chunk decoded after them (``--ahead --commit``). Writes ``delay.json`` (every
+evaluation's settings and figures, with provenance), ``README.md`` (mean success over the policies, each policy's,
+the steps held and the jump at the hand-over) and ``delay.png``.
 """
 
 from __future__ import annotations
@@ -23,19 +27,43 @@ from vla.evaluate import evaluate
 from vla.io import atomic_write_text
 from vla.provenance import provenance
 
-SCHEMES = {"when empty": False, "ahead": True}
+# scheme: (ahead, commit)
+SCHEMES = {"when empty": (False, False), "ahead": (True, False), "ahead + commit": (True, True)}
+
+
+def commits(policy_dir: str) -> bool:
+    """Whether the policy's tokenizer can spell committed actions as the first ids of a chunk (``prefix_ids``)."""
+    from vla.policy.modeling_vla import VLAPolicy
+
+    policy = VLAPolicy.from_pretrained(policy_dir)
+    try:
+        policy.action_tokenizer.prefix_ids(np.zeros((1, 1, policy.config.action_dim)))
+    except ValueError:
+        return False
+    return True
 
 
 def run(policies: dict[str, str], env: str, episodes: int, max_steps: int, delays: list[float]) -> list[dict]:
     rows = []
-    settings = [("no delay", None, False)] + [
-        (scheme, 2 * d, ahead) for d in delays for scheme, ahead in SCHEMES.items()
-    ]
     for name, policy in policies.items():
-        for scheme, round_trip, ahead in settings:
+        schemes = {k: v for k, v in SCHEMES.items() if not v[1] or commits(policy)}
+        settings = [("no delay", None, False, False)] + [
+            (scheme, 2 * d, ahead, commit) for d in delays for scheme, (ahead, commit) in schemes.items()
+        ]
+        decode_ms = None  # measured by the first delayed evaluation, then given to the others
+        for scheme, round_trip, ahead, commit in settings:
             report = evaluate(
-                policy, env, episodes, max_steps=max_steps, delay_ms=round_trip, ahead=ahead, progress=False
+                policy,
+                env,
+                episodes,
+                max_steps=max_steps,
+                delay_ms=round_trip,
+                decode_ms=decode_ms if round_trip is not None else None,
+                ahead=ahead,
+                commit=commit,
+                progress=False,
             )
+            decode_ms = report.get("decode_ms") if round_trip is not None else decode_ms
             row = {
                 "policy": name,
                 "path": policy,
@@ -48,6 +76,18 @@ def run(policies: dict[str, str], env: str, episodes: int, max_steps: int, delay
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "successes"}), flush=True)
     return rows
+
+
+def study_policies(results: Path, work: Path | None) -> dict[str, str]:
+    """``{run id: policy folder}`` for every finished run of a study (``results/<name>/runs.json``), its run
+    folders under ``work`` (default ``outputs/studies/<name>``)."""
+    record = json.loads((results / "runs.json").read_text())
+    work = work or Path("outputs/studies") / record["study"]["name"]
+    policies = {r["id"]: str(work / r["id"] / "train" / "policy") for r in record["runs"]}
+    missing = [p for p in policies.values() if not Path(p).is_dir()]
+    if missing:
+        raise SystemExit(f"no policy at {missing[0]}: run the study there first (vla study run), or give --work")
+    return policies
 
 
 def table(rows: list[dict]) -> list[dict]:
@@ -66,6 +106,9 @@ def table(rows: list[dict]) -> list[dict]:
                 "std": float(np.std(rates, ddof=1)) if len(rates) > 1 else None,
                 "per_policy": {r["policy"]: r["success_rate"] for r in rs},
                 "delay_steps": sorted({r["delay_steps"] for r in rs if r["delay_steps"] is not None}),
+                "decode_ms": float(np.mean(decodes))
+                if (decodes := [r["decode_ms"] for r in rs if r["decode_ms"]])
+                else None,
                 "held": float(np.mean([r["held_steps_mean"] for r in rs])),
                 "jump": float(np.mean([r["switch_jump_mean"] for r in rs])),
                 "within": float(np.mean([r["step_change_mean"] for r in rs])),
@@ -83,20 +126,23 @@ def markdown(cells: list[dict], args) -> str:
         "the one-way delay) plus the measured decode time after its observation, in control steps at the simulator's "
         "rate; the simulator steps meanwhile (`vla eval --delay-ms`). *When empty*: the robot asks when its chunk has "
         "run and holds until the reply; *ahead*: it asks that many actions early and skips the reply's actions for "
-        "the steps that ran meanwhile. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "
+        "the steps that ran meanwhile; *ahead + commit*: it also sends the actions that will run meanwhile, and the "
+        "policy decodes its chunk after them (time-local tokenizers only). The decode time is measured once per "
+        "policy. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "
         "chunks in brackets).",
         "",
-        "| delay each way | scheme | steps late | mean success | std (policies) | per policy | steps held an episode | "
+        "| delay each way | scheme | decode ms | steps late | mean success | std (policies) | per policy | steps held an episode | "
         "jump at the hand-over |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in cells:
         delay = "none" if c["delay_ms_each_way"] is None else f"{c['delay_ms_each_way']:g} ms"
         std = "n/a" if c["std"] is None else f"{100 * c['std']:.1f} pts"
         per = ", ".join(f"{k}: {v:.0%}" for k, v in c["per_policy"].items())
         steps = "/".join(str(s) for s in c["delay_steps"]) or "0"
+        decode = "-" if c["decode_ms"] is None else f"{c['decode_ms']:.0f}"
         lines.append(
-            f"| {delay} | {c['scheme']} | {steps} | **{c['mean']:.0%}** | {std} | {per} | {c['held']:.1f} | "
+            f"| {delay} | {c['scheme']} | {decode} | {steps} | **{c['mean']:.0%}** | {std} | {per} | {c['held']:.1f} | "
             f"{c['jump']:.3f} ({c['within']:.3f}) |"
         )
     return "\n".join(lines) + "\n\n![success against delay](delay.png)\n"
@@ -125,14 +171,21 @@ def plot(cells: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policy", action="append", required=True, help="NAME=POLICY_FOLDER, one per training seed")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--policy", action="append", help="NAME=POLICY_FOLDER, one per training seed")
+    source.add_argument("--study", type=Path, help="a study's results folder: every finished run's policy")
+    parser.add_argument("--work", type=Path, help="with --study: its run folders (default outputs/studies/<name>)")
     parser.add_argument("--env", default="metaworld/push-v3")
-    parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--delays", default="0,50,100,200", help="one-way delays in ms")
     parser.add_argument("--out", type=Path, default=Path("results/delay"))
     args = parser.parse_args()
-    policies = dict(p.split("=", 1) for p in args.policy)
+    if args.study is not None:
+        policies = study_policies(args.study, args.work)
+        args.policy = [f"{k}={v}" for k, v in policies.items()]
+    else:
+        policies = dict(p.split("=", 1) for p in args.policy)
     rows = run(policies, args.env, args.episodes, args.max_steps, [float(d) for d in args.delays.split(",")])
     cells = table(rows)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,49 @@
+"""scripts/delay_table.py, success behind a network delay: every scheme a policy can use, one decode time per policy."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from tests.conftest import assert_plot, train_micro_policy
+from vla.tokenizer_choice import tokenizer_config
+
+REPO = Path(__file__).parents[1]
+
+
+def delay_table():
+    spec = importlib.util.spec_from_file_location("delay_table", REPO / "scripts" / "delay_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_policy_runs_every_scheme_its_tokenizer_allows_at_one_decode_time(
+    tiny_dataset_root, tmp_path, monkeypatch
+):
+    """A binning policy is evaluated synchronously, ahead, and ahead with its committed actions; a FAST policy, whose
+    ids mix the chunk's steps, without the last. The decode measured first is the one every delay of a policy uses."""
+    binned = train_micro_policy(tiny_dataset_root, tmp_path / "bin", tokenizer_config("bin", n_bins=64))
+    fast = train_micro_policy(tiny_dataset_root, tmp_path / "fast")
+    module = delay_table()
+    out = tmp_path / "delay"
+    argv = ["delay_table.py", "--policy", f"b={binned}", "--policy", f"f={fast}", "--episodes", "1"]
+    monkeypatch.setattr(sys, "argv", argv + ["--max-steps", "8", "--delays", "0,25", "--out", str(out)])
+    module.main()
+
+    record = json.loads((out / "delay.json").read_text())
+    schemes = {name: [r["scheme"] for r in record["rows"] if r["policy"] == name] for name in ("b", "f")}
+    assert schemes["b"] == ["no delay"] + ["when empty", "ahead", "ahead + commit"] * 2
+    assert schemes["f"] == ["no delay"] + ["when empty", "ahead"] * 2
+    for name in ("b", "f"):
+        decodes = {r["decode_ms"] for r in record["rows"] if r["policy"] == name and r["scheme"] != "no delay"}
+        assert len(decodes) == 1 and next(iter(decodes)) > 0
+    late = {(r["policy"], r["delay_ms_each_way"]): r["delay_steps"] for r in record["rows"] if r["delay_steps"]}
+    assert all(late[(p, 25.0)] >= late[(p, 0.0)] + 4 for p in ("b", "f"))  # 50 ms round trip: 4 steps at 80 Hz
+    committed = [c for c in record["cells"] if c["scheme"] == "ahead + commit"]
+    assert [set(c["per_policy"]) for c in committed] == [{"b"}] * 2
+    assert "| 25 ms | ahead + commit | " in (out / "README.md").read_text()
+    assert record["provenance"]["config"]["episodes"] == 1
+    assert_plot(out / "delay.png")
