@@ -8,6 +8,7 @@ format number and the options) plus whatever tensors the tokenizer needs as safe
 from __future__ import annotations
 
 import array
+import dataclasses
 import functools
 import os
 from abc import ABC, abstractmethod
@@ -99,7 +100,18 @@ class ActionTokenizer(ABC):
     @classmethod
     @abstractmethod
     def fit(cls, chunks: np.ndarray, **options: Any) -> ActionTokenizer:
-        """Build a tokenizer from normalised chunks ``[N, T, D]``."""
+        """Build a tokenizer from normalised chunks ``[N, T, D]``; ``options`` are the fields of ``cls.Options``, the
+        one place their names and defaults are declared."""
+
+    @classmethod
+    def fit_options(cls, given: dict[str, Any]) -> Any:
+        """``cls.Options`` with ``given`` (``fit``'s keyword options) over its defaults; a name it lacks is refused
+        with the ones it has."""
+        known = [f.name for f in dataclasses.fields(cls.Options)]
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise TypeError(f"{cls.__name__}.fit has no option {unknown[0]!r}; its options: {', '.join(known)}")
+        return cls.Options(**given)
 
     @property
     @abstractmethod

@@ -142,18 +142,13 @@ class BEASTTokenizer(ActionTokenizer):
         self.bound = float(bound)
 
     @classmethod
-    def fit(
-        cls,
-        chunks: np.ndarray,
-        n_control_points: int = 10,
-        degree: int = 4,
-        n_bins: int = 256,
-        ridge: float = 1e-6,
-        bound: float | None = None,
-    ) -> BEASTTokenizer:
-        """Record ``[T, D]`` and, unless given, the control points' range; nothing is trained."""
+    def fit(cls, chunks: np.ndarray, **options: Any) -> BEASTTokenizer:
+        """Record ``[T, D]`` and, unless given, the control points' range; nothing is trained (``options``:
+        ``BEASTTokenizer.Options``)."""
         arr = as_chunk_batch(chunks)
-        options = dict(n_control_points=n_control_points, degree=degree, n_bins=n_bins, ridge=ridge)
+        o = cls.fit_options(options)
+        bound = o.bound
+        options = dict(n_control_points=o.n_control_points, degree=o.degree, n_bins=o.n_bins, ridge=o.ridge)
         tok = cls(time_horizon=arr.shape[1], action_dim=arr.shape[2], **options)
         if bound is None:
             bound = max(1.0, float(np.quantile(np.abs(tok.control_points(arr)), 0.999)))

@@ -96,10 +96,11 @@ class BinningTokenizer(ActionTokenizer):
         self.action_dim = action_dim
 
     @classmethod
-    def fit(cls, chunks: np.ndarray, n_bins: int = 256) -> BinningTokenizer:
-        """Binning learns nothing from the data; ``fit`` checks it and records ``[T, D]``."""
+    def fit(cls, chunks: np.ndarray, **options: Any) -> BinningTokenizer:
+        """Binning learns nothing from the data; ``fit`` checks it and records ``[T, D]`` (``options``:
+        ``BinningTokenizer.Options``)."""
         arr = as_chunk_batch(chunks)
-        return cls(n_bins=n_bins, time_horizon=arr.shape[1], action_dim=arr.shape[2])
+        return cls(n_bins=cls.fit_options(options).n_bins, time_horizon=arr.shape[1], action_dim=arr.shape[2])
 
     @property
     def vocab_size(self) -> int:

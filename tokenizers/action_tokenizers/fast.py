@@ -211,20 +211,14 @@ class FASTTokenizer(ActionTokenizer):
 
     # --- fitting -------------------------------------------------------------------------------------------
     @classmethod
-    def fit(
-        cls,
-        chunks: np.ndarray,
-        scale: float = 10.0,
-        vocab_size: int | str | None = AUTO,
-        byte_level: bool = False,
-        order: str | None = None,
-        deadzone: float | None = None,
-        target_rmse: float | None = None,
-        show_progress: bool = False,
-    ) -> FASTTokenizer:
-        """Fit on normalised chunks ``[N, T, D]``: the coefficient range, then the BPE merges. With
-        ``vocab_size="auto"`` both are chosen from the chunks (``action_tokenizers.rate``; byte-level keeps the
-        published rule), and ``fit_choices`` says what was chosen and why."""
+    def fit(cls, chunks: np.ndarray, **options: Any) -> FASTTokenizer:
+        """Fit on normalised chunks ``[N, T, D]``: the coefficient range, then the BPE merges; ``options``:
+        ``FASTTokenizer.Options``. With ``vocab_size="auto"`` both are chosen from the chunks
+        (``action_tokenizers.rate``; byte-level keeps the published rule), and ``fit_choices`` says what was chosen
+        and why."""
+        o = cls.fit_options(options)
+        scale, vocab_size, byte_level, order, deadzone = o.scale, o.vocab_size, o.byte_level, o.order, o.deadzone
+        target_rmse, show_progress = o.target_rmse, o.show_progress
         check_scale(scale)
         auto = isinstance(vocab_size, str)
         if auto and vocab_size != AUTO:

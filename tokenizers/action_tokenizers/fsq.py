@@ -163,29 +163,26 @@ class FSQTokenizer(ActionTokenizer):
         self.fit_report: dict[str, float] = {}  # what fit did: steps run, stopping reason, errors
 
     @classmethod
-    def fit(
-        cls,
-        chunks: np.ndarray,
-        levels: list[int] | tuple[int, ...] = DEFAULT_LEVELS,
-        downsample: int = 2,
-        hidden: int = 64,
-        depth: int = 2,
-        steps: int = 3000,
-        batch_size: int = 256,
-        lr: float = 2e-3,
-        patience: int = 4,
-        max_seconds: float | None = None,
-        threads: int = 1,
-        seed: int = 0,
-        show_progress: bool = True,
-    ) -> FSQTokenizer:
-        """Train the autoencoder on normalised chunks ``[N, T, D]`` (seeded; AdamW, warm-up + cosine, MSE).
+    def fit(cls, chunks: np.ndarray, **options: Any) -> FSQTokenizer:
+        """Train the autoencoder on normalised chunks ``[N, T, D]`` (seeded; AdamW, warm-up + cosine, MSE;
+        ``options``: ``FSQTokenizer.Options``).
 
         Every ``EVAL_EVERY`` steps the error on a held-out tenth of the chunks is measured; training stops once it
         has not improved by ``MIN_GAIN`` (relative) for ``patience`` checks, or once ``max_seconds`` have passed,
         and the best weights are kept. ``fit_report`` says how many steps ran, why it stopped ("steps", "plateau"
         or "time"), the seconds it took and the errors reached.
         """
+        o = cls.fit_options(options)
+        levels, downsample, hidden, depth, steps = o.levels, o.downsample, o.hidden, o.depth, o.steps
+        batch_size, lr, patience, max_seconds, threads, seed = (
+            o.batch_size,
+            o.lr,
+            o.patience,
+            o.max_seconds,
+            o.threads,
+            o.seed,
+        )
+        show_progress = o.show_progress
         arr = as_chunk_batch(chunks)
         for label, value in (
             ("downsample", downsample),
