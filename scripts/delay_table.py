@@ -3,7 +3,7 @@
 delay model at several delays each way: synchronous, asked ahead, and asked ahead with the committed actions sent.
 
     python scripts/delay_table.py --policy s0=RUN0/policy --policy s1=RUN1/policy ... \\
-        [--task push-v3] [--episodes 100] [--max-steps 200] [--delays 0,50,100,200] [--out results/delay]
+        [--env metaworld/push-v3] [--episodes 100] [--max-steps 200] [--delays 0,50,100,200] [--out results/delay]
     python scripts/delay_table.py --study results/STUDY [--work outputs/studies/STUDY] ...   # every finished run
 
 Each policy is evaluated with no delay at all (today's loop), then for each one-way delay D at a round trip of 2D
@@ -11,7 +11,8 @@ plus its decode time (``vla eval --delay-ms 2D --decode-ms ...``; the decode is 
 delay of a policy is the same decode): holding until the reply (``when empty``), asking ahead (``--ahead``) and,
 where the policy's tokenizer spells each action step by its own ids, asking ahead with the actions that will run
 meanwhile sent along, the chunk decoded after them (``--ahead --commit``). Writes ``delay.json`` (every
-evaluation's settings and figures, with provenance), ``README.md`` (mean success over the policies, each policy's,
+evaluation's settings and figures, with provenance; rewritten after each evaluation, and a stopped table of the
+same settings continues from it), ``README.md`` (mean success over the policies, each policy's,
 the steps held and the jump at the hand-over) and ``delay.png``.
 """
 
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from vla.evaluate import evaluate
 from vla.io import atomic_write_text
@@ -43,15 +46,34 @@ def commits(policy_dir: str) -> bool:
     return True
 
 
-def run(policies: dict[str, str], env: str, episodes: int, max_steps: int, delays: list[float]) -> list[dict]:
-    rows = []
+def settings(policy: str, delays: list[float]) -> list[tuple[str, float | None, bool, bool]]:
+    """``(scheme, round trip ms or None, ahead, commit)``: no delay, then every delay with each scheme the policy can
+    use."""
+    schemes = {k: v for k, v in SCHEMES.items() if not v[1] or commits(policy)}
+    delayed = [(scheme, 2 * d, ahead, commit) for d in delays for scheme, (ahead, commit) in schemes.items()]
+    return [("no delay", None, False, False), *delayed]
+
+
+def run(
+    policies: dict[str, str],
+    env: str,
+    episodes: int,
+    max_steps: int,
+    delays: list[float],
+    done: list[dict] | None = None,
+    on_row: Callable[[list[dict]], None] | None = None,
+) -> list[dict]:
+    """Every policy's evaluations, each row handed to ``on_row`` (all rows so far) as it finishes; the rows in
+    ``done`` (an earlier, stopped table of the same settings) are kept, not run again."""
+    rows = list(done or [])
     for name, policy in policies.items():
-        schemes = {k: v for k, v in SCHEMES.items() if not v[1] or commits(policy)}
-        settings = [("no delay", None, False, False)] + [
-            (scheme, 2 * d, ahead, commit) for d in delays for scheme, (ahead, commit) in schemes.items()
-        ]
-        decode_ms = None  # measured by the first delayed evaluation, then given to the others
-        for scheme, round_trip, ahead, commit in settings:
+        mine = [r for r in rows if r["policy"] == name and r["path"] == policy]
+        # measured by the first delayed evaluation, then given to the others (a resumed table keeps its own)
+        decode_ms = next((r["decode_ms"] for r in mine if r["decode_ms"] is not None), None)
+        for scheme, round_trip, ahead, commit in settings(policy, delays):
+            each_way = None if round_trip is None else round_trip / 2
+            if any((r["scheme"], r["delay_ms_each_way"]) == (scheme, each_way) for r in mine):
+                continue
             report = evaluate(
                 policy,
                 env,
@@ -68,14 +90,29 @@ def run(policies: dict[str, str], env: str, episodes: int, max_steps: int, delay
                 "policy": name,
                 "path": policy,
                 "scheme": scheme,
-                "delay_ms_each_way": None if round_trip is None else round_trip / 2,
+                "delay_ms_each_way": each_way,
                 **{k: report.get(k) for k in ("success_rate", "episodes", "decode_ms", "delay_steps")},
                 **{k: report[k] for k in ("held_steps_mean", "switch_jump_mean", "step_change_mean", "mean_length")},
                 "successes": report["successes"],
             }
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "successes"}), flush=True)
+            if on_row is not None:
+                on_row(rows)
     return rows
+
+
+def earlier_rows(path: Path, env: str, episodes: int, max_steps: int) -> list[dict]:
+    """The rows of a table written before at ``path`` with the same task, episodes and step limit (a stopped run
+    continues from them); none when there is none or it asked something else."""
+    if not path.is_file():
+        return []
+    record = json.loads(path.read_text())
+    asked = record.get("provenance", {}).get("config", {})
+    if (asked.get("env"), asked.get("episodes"), asked.get("max_steps")) != (env, episodes, max_steps):
+        print(f"note: {path} holds evaluations of other settings; they are replaced")
+        return []
+    return record["rows"]
 
 
 def study_policies(results: Path, work: Path | None) -> dict[str, str]:
@@ -180,20 +217,27 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--delays", default="0,50,100,200", help="one-way delays in ms")
     parser.add_argument("--out", type=Path, default=Path("results/delay"))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args()
     if args.study is not None:
         policies = study_policies(args.study, args.work)
         args.policy = [f"{k}={v}" for k, v in policies.items()]
     else:
         policies = dict(p.split("=", 1) for p in args.policy)
-    rows = run(policies, args.env, args.episodes, args.max_steps, [float(d) for d in args.delays.split(",")])
-    cells = table(rows)
+    torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    record = {"rows": rows, "cells": cells, "provenance": provenance(config=config, threads=1)}
-    atomic_write_text(args.out / "delay.json", json.dumps(record, indent=2) + "\n")
-    atomic_write_text(args.out / "README.md", markdown(cells, args))
-    plot(cells, args.out / "delay.png")
+    done = earlier_rows(args.out / "delay.json", args.env, args.episodes, args.max_steps)
+
+    def write(rows: list[dict]) -> None:  # after every evaluation: a stopped table loses one evaluation at most
+        cells = table(rows)
+        record = {"rows": rows, "cells": cells, "provenance": provenance(config=config, threads=args.threads)}
+        atomic_write_text(args.out / "delay.json", json.dumps(record, indent=2) + "\n")
+        atomic_write_text(args.out / "README.md", markdown(cells, args))
+        plot(cells, args.out / "delay.png")
+
+    delays = [float(d) for d in args.delays.split(",")]
+    write(run(policies, args.env, args.episodes, args.max_steps, delays, done, on_row=write))
     print(f"wrote {args.out}/delay.json, README.md and delay.png")
 
 

@@ -40,6 +40,7 @@ def test_each_policy_runs_every_scheme_its_tokenizer_allows_at_one_decode_time(
     for name in ("b", "f"):
         decodes = {r["decode_ms"] for r in record["rows"] if r["policy"] == name and r["scheme"] != "no delay"}
         assert len(decodes) == 1 and next(iter(decodes)) > 0
+    decodes_b = {r["decode_ms"] for r in record["rows"] if r["policy"] == "b" and r["decode_ms"]}
     late = {(r["policy"], r["delay_ms_each_way"]): r["delay_steps"] for r in record["rows"] if r["delay_steps"]}
     assert all(late[(p, 25.0)] >= late[(p, 0.0)] + 4 for p in ("b", "f"))  # 50 ms round trip: 4 steps at 80 Hz
     committed = [c for c in record["cells"] if c["scheme"] == "ahead + commit"]
@@ -47,3 +48,13 @@ def test_each_policy_runs_every_scheme_its_tokenizer_allows_at_one_decode_time(
     assert "| 25 ms | ahead + commit | " in (out / "README.md").read_text()
     assert record["provenance"]["config"]["episodes"] == 1
     assert_plot(out / "delay.png")
+
+    calls = []
+    evaluate = module.evaluate
+    monkeypatch.setattr(module, "evaluate", lambda *a, **k: calls.append(k["delay_ms"]) or evaluate(*a, **k))
+    monkeypatch.setattr(sys, "argv", argv + ["--max-steps", "8", "--delays", "0,25,50", "--out", str(out)])
+    module.main()  # a longer table continues the one written: only the new delay is evaluated
+    assert calls == [100.0] * 5  # 50 ms each way: bin's three schemes, FAST's two
+    again = json.loads((out / "delay.json").read_text())
+    assert again["rows"][: len(record["rows"])] == record["rows"] and len(again["rows"]) == len(record["rows"]) + 5
+    assert {r["decode_ms"] for r in again["rows"] if r["policy"] == "b" and r["decode_ms"]} == decodes_b
