@@ -7,10 +7,11 @@ delay model at several delays each way: synchronous, asked ahead, and asked ahea
     python scripts/delay_table.py --study results/STUDY [--work outputs/studies/STUDY] ...   # every finished run
 
 Each policy is evaluated with no delay at all (today's loop), then for each one-way delay D at a round trip of 2D
-plus its decode time (``vla eval --delay-ms 2D --decode-ms ...``; the decode is measured once per policy, so every
-delay of a policy is the same decode): holding until the reply (``when empty``), asking ahead (``--ahead``) and,
-where the policy's tokenizer spells each action step by its own ids, asking ahead with the actions that will run
-meanwhile sent along, the chunk decoded after them (``--ahead --commit``). Writes ``delay.json`` (every
+plus its decode time (``vla eval --delay-ms 2D --decode-ms ...``; the decode is measured once per policy, and once
+more with committed actions, so every delay of a policy is the same decode): holding until the reply (``when
+empty``), asking ahead (``--ahead``), and asking ahead with the actions that will run meanwhile sent along
+(``--ahead --commit``): a binning policy begins its chunk with their ids, a FAST policy keeps the decoded chunk
+nearest them (``VLAPolicy.commit_scheme``). Writes ``delay.json`` (every
 evaluation's settings and figures, with provenance; rewritten after each evaluation, and a stopped table of the
 same settings continues from it), ``README.md`` (mean success over the policies, each policy's,
 the steps held and the jump at the hand-over) and ``delay.png``.
@@ -35,15 +36,10 @@ SCHEMES = {"when empty": (False, False), "ahead": (True, False), "ahead + commit
 
 
 def commits(policy_dir: str) -> bool:
-    """Whether the policy's tokenizer can spell committed actions as the first ids of a chunk (``prefix_ids``)."""
+    """Whether the policy decodes after committed actions (``VLAPolicy.commit_scheme``: forced or searched)."""
     from vla.policy.modeling_vla import VLAPolicy
 
-    policy = VLAPolicy.from_pretrained(policy_dir)
-    try:
-        policy.action_tokenizer.prefix_ids(np.zeros((1, 1, policy.config.action_dim)))
-    except ValueError:
-        return False
-    return True
+    return VLAPolicy.from_pretrained(policy_dir).commit_scheme is not None
 
 
 def settings(policy: str, delays: list[float]) -> list[tuple[str, float | None, bool, bool]]:
@@ -68,8 +64,9 @@ def run(
     rows = list(done or [])
     for name, policy in policies.items():
         mine = [r for r in rows if r["policy"] == name and r["path"] == policy]
-        # measured by the first delayed evaluation, then given to the others (a resumed table keeps its own)
-        decode_ms = next((r["decode_ms"] for r in mine if r["decode_ms"] is not None), None)
+        # measured by the first delayed evaluation without and with committed actions (a search decodes several
+        # chunks), then given to the others (a resumed table keeps its own)
+        decode = {SCHEMES[r["scheme"]][1]: r["decode_ms"] for r in mine if r["decode_ms"] is not None}
         for scheme, round_trip, ahead, commit in settings(policy, delays):
             each_way = None if round_trip is None else round_trip / 2
             if any((r["scheme"], r["delay_ms_each_way"]) == (scheme, each_way) for r in mine):
@@ -80,12 +77,13 @@ def run(
                 episodes,
                 max_steps=max_steps,
                 delay_ms=round_trip,
-                decode_ms=decode_ms if round_trip is not None else None,
+                decode_ms=decode.get(commit) if round_trip is not None else None,
                 ahead=ahead,
                 commit=commit,
                 progress=False,
             )
-            decode_ms = report.get("decode_ms") if round_trip is not None else decode_ms
+            if round_trip is not None:
+                decode.setdefault(commit, report["decode_ms"])
             row = {
                 "policy": name,
                 "path": policy,
@@ -164,8 +162,9 @@ def markdown(cells: list[dict], args) -> str:
         "rate; the simulator steps meanwhile (`vla eval --delay-ms`). *When empty*: the robot asks when its chunk has "
         "run and holds until the reply; *ahead*: it asks that many actions early and skips the reply's actions for "
         "the steps that ran meanwhile; *ahead + commit*: it also sends the actions that will run meanwhile, and the "
-        "policy decodes its chunk after them (time-local tokenizers only). The decode time is measured once per "
-        "policy. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "
+        "policy decodes its chunk after them (binning: its first ids forced; other tokenizers: the decoded chunk "
+        "nearest them of several, a search). The decode time is measured once per policy, and once more with "
+        "committed actions. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "
         "chunks in brackets).",
         "",
         "| delay each way | scheme | decode ms | steps late | mean success | std (policies) | per policy | steps held an episode | "

@@ -20,13 +20,17 @@ def delay_table():
     return module
 
 
-def test_each_policy_runs_every_scheme_its_tokenizer_allows_at_one_decode_time(
-    tiny_dataset_root, tmp_path, monkeypatch
-):
-    """A binning policy is evaluated synchronously, ahead, and ahead with its committed actions; a FAST policy, whose
-    ids mix the chunk's steps, without the last. The decode measured first is the one every delay of a policy uses."""
+def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset_root, tmp_path, monkeypatch):
+    """A binning policy is evaluated synchronously, ahead, and ahead with its committed actions; a FAST policy that
+    refuses committed actions (``commit_search`` 0) without the last. The decode measured first, without and with
+    committed actions, is the one every delay of a policy uses."""
+    from vla.policy import VLAPolicy
+
     binned = train_micro_policy(tiny_dataset_root, tmp_path / "bin", tokenizer_config("bin", n_bins=64))
-    fast = train_micro_policy(tiny_dataset_root, tmp_path / "fast")
+    fast = VLAPolicy.from_pretrained(train_micro_policy(tiny_dataset_root, tmp_path / "fast"))
+    fast.config.commit_search = 0
+    fast.save_pretrained(tmp_path / "fast_refusing")
+    fast = str(tmp_path / "fast_refusing")
     module = delay_table()
     out = tmp_path / "delay"
     argv = ["delay_table.py", "--policy", f"b={binned}", "--policy", f"f={fast}", "--episodes", "1"]
@@ -38,8 +42,13 @@ def test_each_policy_runs_every_scheme_its_tokenizer_allows_at_one_decode_time(
     assert schemes["b"] == ["no delay"] + ["when empty", "ahead", "ahead + commit"] * 2
     assert schemes["f"] == ["no delay"] + ["when empty", "ahead"] * 2
     for name in ("b", "f"):
-        decodes = {r["decode_ms"] for r in record["rows"] if r["policy"] == name and r["scheme"] != "no delay"}
-        assert len(decodes) == 1 and next(iter(decodes)) > 0
+        for commit in (False, True):
+            decodes = {
+                r["decode_ms"]
+                for r in record["rows"]
+                if r["policy"] == name and r["scheme"] != "no delay" and module.SCHEMES[r["scheme"]][1] == commit
+            }
+            assert len(decodes) == (0 if commit and name == "f" else 1) and all(d > 0 for d in decodes)
     decodes_b = {r["decode_ms"] for r in record["rows"] if r["policy"] == "b" and r["decode_ms"]}
     late = {(r["policy"], r["delay_ms_each_way"]): r["delay_steps"] for r in record["rows"] if r["delay_steps"]}
     assert all(late[(p, 25.0)] >= late[(p, 0.0)] + 4 for p in ("b", "f"))  # 50 ms round trip: 4 steps at 80 Hz

@@ -241,7 +241,7 @@ def test_committed_prefix_decoding_begins_each_chunk_with_the_actions_that_run_m
 ):
     """A binning policy given the actions that will run before its chunk arrives returns a chunk that begins with
     them (within half a bin, in raw units), and ``vla eval --ahead --commit`` sends them with every request; a policy
-    whose ids mix the chunk's steps (FAST) is refused before any episode."""
+    whose ids mix the chunk's steps (FAST) with ``commit_search`` 0 is refused before any episode."""
     from tests.conftest import train_micro_policy
     from vla.execution import COMMITTED
     from vla.policy import VLAPolicy
@@ -273,9 +273,46 @@ def test_committed_prefix_decoding_begins_each_chunk_with_the_actions_that_run_m
     )
     assert report["request"] == "ahead, with the committed actions" and report["delay_steps"] == 2
     assert report["valid_chunk_rate"] == 1.0 and report["provenance"]["config"]["eval"]["commit"] is True
+    refusing = VLAPolicy.from_pretrained(tiny_policy)
+    refusing.config.commit_search = 0
     with pytest.raises(ValueError, match="ids mix the chunk's steps"):
         evaluate.evaluate(
-            tiny_policy, "metaworld/push-v3", episodes=1, delay_ms=25, ahead=True, commit=True, progress=False
+            refusing, "metaworld/push-v3", episodes=1, delay_ms=25, ahead=True, commit=True, progress=False
         )
     with pytest.raises(ValueError, match="it needs --ahead"):
         evaluate.evaluate(path, "metaworld/push-v3", episodes=1, delay_ms=25, commit=True, progress=False)
+
+
+def test_a_fast_policy_keeps_the_decoded_chunk_nearest_the_committed_actions(tiny_dataset_root, tiny_policy):
+    """FAST's ids mix the chunk's steps, so committed actions cannot be forced: the policy decodes the greedy chunk and
+    ``commit_search - 1`` samples and keeps, per row, the one whose first actions are nearest them. Its first actions
+    are then at least as near as the greedy chunk's, nearer when a sample beats it, the same for a row that commits
+    nothing; each candidate is a full decode (the steps add up); the same batch gives the same chunks."""
+    from vla.execution import COMMITTED
+    from vla.policy import VLAPolicy
+    from vla.policy.commit_search import nearest_to_committed
+    from vla.sim import make_env
+
+    policy = VLAPolicy.from_pretrained(tiny_policy).eval()
+    with make_env("metaworld/push-v3") as env:
+        obs = env.reset(evaluate.EVAL_SEED_START)
+    runner = evaluate.ChunkPolicy(policy)
+    greedy = runner([obs, obs])
+    greedy_steps = policy.last_decode_info.steps
+    far = greedy[0, :2] + 3.0 * np.abs(policy.action_normalizer.scale)  # committed actions unlike the greedy chunk's
+    chunk = runner([{**obs, COMMITTED: far}, {**obs, COMMITTED: np.zeros((0, 4))}])
+    assert policy.last_decode_info.steps > greedy_steps * (policy.config.commit_search - 1)
+    scale = np.abs(policy.action_normalizer.scale)
+
+    def error(c):
+        return float(np.mean(((c[:2] - far) / scale) ** 2))
+
+    assert error(chunk[0]) < error(greedy[0])  # a sample nearer than the greedy chunk was found
+    np.testing.assert_allclose(chunk[1], greedy[1], atol=1e-5)  # nothing committed: the greedy chunk
+    again = runner([{**obs, COMMITTED: far}, {**obs, COMMITTED: np.zeros((0, 4))}])
+    np.testing.assert_array_equal(again, chunk)  # seeded: the same batch, the same search
+
+    candidates = [np.zeros((2, 3, 1)), np.ones((2, 3, 1)), np.full((2, 3, 1), 2.0)]
+    valid = [np.array([True, True]), np.array([False, True]), np.array([True, True])]
+    picked = nearest_to_committed(candidates, valid, [np.ones((2, 1)), np.full((1, 1), 1.9)], np.ones(1))
+    assert picked.tolist() == [0, 2]  # row 0: the nearest valid (1 is invalid there; 0 and 2 tie, the first kept)

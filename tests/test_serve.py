@@ -557,7 +557,8 @@ def test_realtime_robot_episode_against_the_server():
 def test_committed_actions_in_a_request_begin_the_chunk_and_old_requests_are_answered_as_before(policy):
     """``committed_actions`` (the protocol's optional field): a binning policy's reply begins with them (within half
     a bin) and the rest is decoded after them; the same request without them is answered as before; a policy whose
-    ids mix the chunk's steps (FAST) refuses the field with an error reply, and says so in its metadata."""
+    ids mix the chunk's steps (FAST) searches its decoded chunks for them, and with ``commit_search`` 0 refuses the
+    field with an error reply, and says so in its metadata."""
     from vla.policy import VLAPolicy
 
     chunks = smooth_chunks(200, T, D, seed=0)
@@ -584,6 +585,13 @@ def test_committed_actions_in_a_request_begin_the_chunk_and_old_requests_are_ans
         with pytest.raises(ServerError, match="committed_actions' has shape"):
             client.infer(observation(0, committed_actions=np.zeros((T + 1, D), np.float32)))
     with serve(policy) as handle, PolicyClient("127.0.0.1", handle.port) as client:
-        assert client.metadata["policy"]["committed_actions"] is False
-        with pytest.raises(ServerError, match="ids mix the chunk's steps"):
-            client.infer(observation(0, committed_actions=committed))
+        assert client.metadata["policy"]["committed_actions"] is True  # FAST: a search
+        assert client.infer(observation(0, committed_actions=committed))["actions"].shape == (T, D)
+    policy.config.commit_search = 0
+    try:
+        with serve(policy) as handle, PolicyClient("127.0.0.1", handle.port) as client:
+            assert client.metadata["policy"]["committed_actions"] is False
+            with pytest.raises(ServerError, match="commit_search is 0"):
+                client.infer(observation(0, committed_actions=committed))
+    finally:
+        policy.config.commit_search = 8

@@ -91,10 +91,16 @@ class ChunkPolicy:
         return np.asarray(times)
 
 
-def decode_time(runner: ChunkPolicy, env: Any, seed: int, reps: int = 5) -> float:
+def decode_time(runner: ChunkPolicy, env: Any, seed: int, reps: int = 5, commit: bool = False) -> float:
     """Milliseconds the policy takes for one observation (the median of ``reps`` calls after a warm-up), on the
-    observation ``env`` starts from on ``seed``: the decode part of a delayed reply."""
-    return float(np.median(runner.single_latencies([env.reset(seed)] * reps)))
+    observation ``env`` starts from on ``seed``: the decode part of a delayed reply. ``commit``: with a committed
+    action sent along (the data's middle action), as every request but the first then is: a search decodes several
+    chunks."""
+    obs = env.reset(seed)
+    if commit:
+        policy = runner.policy
+        obs = {**obs, COMMITTED: policy.action_normalizer.unnormalize(np.zeros((1, policy.config.action_dim)))}
+    return float(np.median(runner.single_latencies([obs] * reps)))
 
 
 def training_recording(policy_dir: str | Path) -> dict[str, Any]:
@@ -188,8 +194,8 @@ def evaluate(
     if commit and not ahead:
         raise ValueError("--commit sends the actions that run while a reply is on its way: it needs --ahead")
     policy, policy_dir, recording, env_options = _loaded(policy, env_options)
-    if commit:  # refused now, not at the first request, for a tokenizer whose ids mix the chunk's steps
-        policy.action_tokenizer.prefix_ids(np.zeros((1, 1, policy.config.action_dim)))
+    if commit and policy.commit_scheme is None:  # refused now, not at the first request
+        policy.action_tokenizer.prefix_ids(np.zeros((1, 1, policy.config.action_dim)))  # raises, with its reason
     config = policy.config
     _check_for_policy(config, n_action_steps, num_beams, gif_episodes)
     if num_beams is not None:
@@ -204,7 +210,7 @@ def evaluate(
     envs = _make_envs(policy, names, recording, num_envs, episodes, max_steps, env_options)
     delay = None
     if delay_ms is not None:
-        decode_ms = decode_time(runner, envs[0], seed_start) if decode_ms is None else decode_ms
+        decode_ms = decode_time(runner, envs[0], seed_start, commit=commit) if decode_ms is None else decode_ms
         delay = _delay(delay_ms, decode_ms, ahead, envs[0].fps, config.time_horizon, commit)
     frames: dict[int, list[np.ndarray]] = {}
     with _closing(envs), _bar(progress, len(episode_list), f"eval {env_name}") as bar:

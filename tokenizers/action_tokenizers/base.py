@@ -86,6 +86,8 @@ class ActionTokenizer(ABC):
     """Base class: ``fit`` / ``encode`` / ``decode`` / ``constraint`` / ``save_pretrained``."""
 
     name: ClassVar[str]  # registry name, e.g. "fast"
+    # Each id spells values of one action step, so a chunk's first steps fix its first ids (``prefix_ids``)
+    time_local: ClassVar[bool] = False
 
     time_horizon: int | None
     action_dim: int | None

@@ -78,6 +78,7 @@ def fixed_length_grid(ids: Any, n_bins: int, n: int, spelled: str) -> tuple[np.n
 
 class BinningTokenizer(ActionTokenizer):
     name: ClassVar[str] = "bin"
+    time_local: ClassVar[bool] = True
 
     @dataclass(frozen=True)
     class Options:

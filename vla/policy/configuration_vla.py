@@ -31,6 +31,7 @@ RELATIVE_CHOICES = ("none", "auto")  # or a mask per action dimension
 # Most action ids decoded per chunk: decoding reserves its cache for this many, so a larger value from a file would
 # ask the allocator for gigabytes. The longest constrained chunk (binning, 50 steps x 14 dims) needs 700.
 MAX_ACTION_TOKENS = 8192
+MAX_COMMIT_SEARCH = 64  # chunks decoded per observation when searching for committed actions
 # Upper bounds on every size a config (or a saved policy's config.json) sets: the model, its inputs or decoding are
 # allocated by them, so a value beyond (1e9 from a damaged file) is refused with the bound, not met by the allocator.
 SIZE_BOUNDS = {
@@ -133,6 +134,11 @@ class VLAConfig(PreTrainedConfig):
     # > 1: beam search, the most probable chunk among num_beams hypotheses per observation kept at every step (greedy's
     # generalisation: temperature 0, autoregressive decoding); 1 = greedy or sampling
     num_beams: int = 1
+    # Committed actions (vla.execution.COMMITTED) with a tokenizer whose ids mix the chunk's steps (FAST, BEAST, FSQ),
+    # which cannot force a chunk's first ids: the greedy chunk and commit_search - 1 chunks sampled at temperature 1,
+    # the one whose first actions are nearest the committed ones sent (a search under the constraint; each candidate
+    # a full decode). 0 refuses committed actions for such a policy. Time-local tokenizers (bin) force the ids instead
+    commit_search: int = 8
     constrained: bool = True  # mask logits with the tokenizer's constraint (False only for ablations)
     use_kv_cache: bool = True  # prefill once and decode from the KV cache (False recomputes every step)
     # "autoregressive": one action id per forward pass (pi0-FAST); "parallel": one learned query slot per id of a
@@ -358,6 +364,12 @@ class VLAConfig(PreTrainedConfig):
         _check(self.state_tokens >= 1, "state_tokens", self.state_tokens, "use a positive number (1 is typical)")
         _check(self.temperature >= 0, "temperature", self.temperature, "use 0 for greedy or a positive value")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "use a value in (0, 1]")
+        _check(
+            0 <= self.commit_search <= MAX_COMMIT_SEARCH,
+            "commit_search",
+            self.commit_search,
+            f"use 0 (refuse committed actions) .. {MAX_COMMIT_SEARCH} chunks decoded per observation",
+        )
         self.check_num_beams(self.num_beams)
         try:
             parse_choice(self.action_tokenizer_type)

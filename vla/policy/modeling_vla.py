@@ -29,6 +29,7 @@ Saved files (``save_pretrained``, written to a temporary folder and renamed into
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -42,14 +43,15 @@ from lerobot.policies.pretrained import PreTrainedPolicy
 from lerobot.utils.constants import ACTION, OBS_STATE
 from safetensors.torch import load_model, save_model
 
-from vla.execution import StateHistory, executor
+from vla.execution import COMMITTED, StateHistory, executor
 from vla.io import atomic_directory, read_json, write_json
-from vla.model.decode import generate
+from vla.model.decode import Generation, generate
 from vla.model.prefix_lm import build_model
 from vla.model.sequence import SequenceLayout
 from vla.model.text import TEXT_TOKENIZER_DIR, LocalTextTokenizer
 from vla.model.vocab import PALIGEMMA_TEXT_VOCAB, VocabMap
 from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
+from vla.policy.commit_search import SEARCH_TEMPERATURE, nearest_to_committed
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.decode_info import DecodeInfo, DecodeStats
 from vla.policy.fitting import policy_tokenizer
@@ -265,43 +267,29 @@ class VLAPolicy(PreTrainedPolicy):
                 metrics[key] = torch.as_tensor(batch[key]).float()
         return loss, metrics
 
+    @property
+    def commit_scheme(self) -> str | None:
+        """How the policy decodes after committed actions (``vla.execution.COMMITTED``): ``"forced"`` (its tokenizer's
+        ids are time-local: the chunk begins with their ids), ``"search"`` (the decoded chunk nearest them, of
+        ``config.commit_search``), None (refused: ``commit_search`` is 0)."""
+        if self.action_tokenizer.time_local:
+            return "forced"
+        return "search" if self.config.commit_search > 0 else None
+
     @torch.no_grad()
     def predict_action_chunk(
         self, batch: dict[str, Any], generator: torch.Generator | None = None, **_: Any
     ) -> torch.Tensor:
         """Action chunks ``[B, T, D]`` in raw units for a batch of observations (``generator``: for sampling);
         normalised when LeRobot's pre-processor normalised the batch (``NORMALIZED``: its post-processor
-        unnormalises)."""
+        unnormalises). With committed actions (``COMMITTED``) the chunks begin with them (``commit_scheme``)."""
         start = time.perf_counter()
         normalized = bool(batch.get(NORMALIZED))
         prompt = run(self.pipeline.prompt, batch)
-        gen = generate(
-            self.model,
-            prompt[SEQUENCE],
-            vocab=self.vocab,
-            constraint=self.constraint if self.config.constrained else None,
-            images=prompt.get(IMAGES),
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-            num_beams=self.config.num_beams,
-            use_cache=self.config.use_kv_cache,
-            generator=generator,
-            forced=prompt.get(FORCED_IDS),
-        )
-        raw_state = {OBS_STATE: batch[OBS_STATE]} if OBS_STATE in batch else {}  # for relative actions
-        out = run(
-            self.pipeline.outputs,
-            {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors, **raw_state, NORMALIZED: normalized},
-        )
-        with np.errstate(over="ignore", invalid="ignore"):
-            raw = np.asarray(out[ACTION], dtype=np.float32)  # [B, T, D] raw; beyond float32's range: inf
-        finite = np.isfinite(raw).all(axis=(1, 2))
-        overflow = np.flatnonzero(out["valid"] & ~finite)  # decoded, but unnormalised past float32: never sent
-        out["valid"], out["errors"] = out["valid"] & finite, list(out["errors"])
-        for i in overflow:
-            out["errors"][i] = "the chunk is not finite once unnormalised (the action normaliser's scale or offset)"
-        chunks = torch.as_tensor(np.where(np.isfinite(raw), raw, 0.0), dtype=torch.float32)
+        gen, out = self._decoded(prompt, batch, normalized, self.config.temperature, generator)
+        if COMMITTED in batch and not self.action_tokenizer.time_local and any(len(c) for c in batch[COMMITTED]):
+            gen, out = self._search(prompt, batch, gen, out, generator)
+        chunks = torch.as_tensor(np.where(np.isfinite(out[ACTION]), out[ACTION], 0.0), dtype=torch.float32)
         self._fall_back(chunks, out["valid"], out["errors"], normalized)
         self.decode_stats.chunks += len(chunks)
         self.decode_stats.tokens += int(gen.tokens_per_chunk[out["valid"]].sum())
@@ -315,6 +303,69 @@ class VLAPolicy(PreTrainedPolicy):
         tensors = (batch.get(k) for k in (OBS_STATE, *self.config.image_keys))  # where the batch lives
         like = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
         return chunks.to(like.device) if like is not None else chunks
+
+    def _decoded(
+        self,
+        prompt: dict[str, Any],
+        batch: dict[str, Any],
+        normalized: bool,
+        temperature: float,
+        generator,
+        num_beams: int | None = None,
+    ) -> tuple[Generation, dict[str, Any]]:
+        """One decode of the prompt: the generation, and its chunks (``ACTION``: float32 ``[B, T, D]`` raw, NaN or inf
+        where invalid) with ``valid`` and ``errors`` (a chunk past float32 once unnormalised is invalid)."""
+        gen = generate(
+            self.model,
+            prompt[SEQUENCE],
+            vocab=self.vocab,
+            constraint=self.constraint if self.config.constrained else None,
+            images=prompt.get(IMAGES),
+            max_new_tokens=self.max_new_tokens,
+            temperature=temperature,
+            top_p=self.config.top_p,
+            num_beams=self.config.num_beams if num_beams is None else num_beams,
+            use_cache=self.config.use_kv_cache,
+            generator=generator,
+            forced=prompt.get(FORCED_IDS),
+        )
+        raw_state = {OBS_STATE: batch[OBS_STATE]} if OBS_STATE in batch else {}  # for relative actions
+        out = run(
+            self.pipeline.outputs,
+            {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors, **raw_state, NORMALIZED: normalized},
+        )
+        with np.errstate(over="ignore", invalid="ignore"):
+            raw = np.asarray(out[ACTION], dtype=np.float32)  # [B, T, D] raw; beyond float32's range: inf
+        finite = np.isfinite(raw).all(axis=(1, 2))
+        overflow = np.flatnonzero(out["valid"] & ~finite)  # decoded, but unnormalised past float32: never sent
+        out = {**out, ACTION: raw, "valid": out["valid"] & finite, "errors": list(out["errors"])}
+        for i in overflow:
+            out["errors"][i] = "the chunk is not finite once unnormalised (the action normaliser's scale or offset)"
+        return gen, out
+
+    def _search(self, prompt, batch, gen: Generation, out: dict[str, Any], generator) -> tuple[Generation, dict]:
+        """The greedy chunk and ``commit_search - 1`` sampled ones (temperature 1, seeded by ``generator`` or 0):
+        per row, the valid one whose first actions are nearest the committed ones (``vla.policy.commit_search``)."""
+        if self.commit_scheme is None:
+            self.action_tokenizer.prefix_ids(np.zeros((1, 1, self.config.action_dim)))  # its reason, raised
+        seeded = generator or torch.Generator(device=self.model.device).manual_seed(0)
+        candidates = [(gen, out)] + [
+            self._decoded(prompt, batch, False, SEARCH_TEMPERATURE, seeded, num_beams=1)
+            for _ in range(self.config.commit_search - 1)
+        ]
+        scale = np.atleast_1d(self.action_normalizer.scale)
+        pick = nearest_to_committed(
+            [c[1][ACTION] for c in candidates], [c[1]["valid"] for c in candidates], batch[COMMITTED], scale
+        )
+        rows = np.arange(len(pick))
+        ids = [candidates[k][0].ids[r] for r, k in zip(rows, pick)]
+        chosen = {
+            ACTION: np.stack([candidates[k][1][ACTION][r] for r, k in zip(rows, pick)]),
+            "valid": np.array([candidates[k][1]["valid"][r] for r, k in zip(rows, pick)]),
+            "errors": [candidates[k][1]["errors"][r] for r, k in zip(rows, pick)],
+        }
+        steps = sum(c[0].steps for c in candidates)  # the forward passes the search cost
+        return dataclasses.replace(gen, ids=ids, steps=steps), chosen
 
     def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None], normalized: bool) -> None:
         """Replace invalid chunks in place: previous action repeated, else the normalised zero action. Counted."""

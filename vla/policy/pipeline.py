@@ -151,14 +151,15 @@ class CommitActions:
     be 0) -> the ids the chunk must begin with (``forced_ids``): each made relative to the state where the policy's
     actions are, normalised and spelled by the tokenizer (``ActionTokenizer.prefix_ids``: time-local tokenizers
     only). The model then decodes the rest of the chunk after them. Runs before ``Normalize`` (it reads the raw
-    state)."""
+    state). A tokenizer whose ids mix the chunk's steps passes them on untouched: the policy searches its decoded
+    chunks for them instead (``VLAConfig.commit_search``)."""
 
     tokenizer: at.ActionTokenizer
     action: at.Normalizer
     relative: RelativeActions | None = None
 
     def __call__(self, batch: Batch) -> Batch:
-        if COMMITTED not in batch:
+        if COMMITTED not in batch or not self.tokenizer.time_local:  # ids that mix steps: the policy searches
             return batch
         if batch.get(NORMALIZED):
             raise ValueError(

@@ -49,6 +49,7 @@ LOAD_CHANGEABLE = {
     "temperature",
     "top_p",
     "num_beams",
+    "commit_search",
     "constrained",
     "use_kv_cache",
     "action_tokenizer_path",

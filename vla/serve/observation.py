@@ -154,8 +154,8 @@ class ObservationReader:
         """The actions that will run while the reply is on its way, ``[d, D]`` with ``d`` <= T, finite."""
         if self.committed is None:
             raise RequestError(
-                f"'{sent}' names actions the chunk should begin with, but this policy's ids mix the chunk's steps "
-                "(only a time-local tokenizer, bin, can decode after them): drop it"
+                f"'{sent}' names actions the chunk should begin with, but this policy refuses them (its ids mix the "
+                "chunk's steps and its commit_search is 0): drop it, or serve it with commit_search > 0"
             )
         horizon, dim = self.committed
         what = f"float [d, {dim}] with d <= {horizon}: the actions that will run before the reply arrives"

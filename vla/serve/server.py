@@ -392,14 +392,9 @@ class PolicyServer:
 
 
 def _decodes_after_committed(policy) -> bool:
-    """Whether ``policy`` can begin a chunk with the actions a request says will run meanwhile (its tokenizer's ids
-    are time-local)."""
-    tokenizer, dim = getattr(policy, "action_tokenizer", None), int(policy.config.action_dim)
-    try:
-        tokenizer.prefix_ids(np.zeros((1, 1, dim)))
-    except (AttributeError, ValueError):
-        return False
-    return True
+    """Whether ``policy`` can begin a chunk with the actions a request says will run meanwhile
+    (``VLAPolicy.commit_scheme``: forced for time-local ids, a search otherwise, unless the policy refuses them)."""
+    return getattr(policy, "commit_scheme", None) is not None
 
 
 def _address(connection: ServerConnection) -> str:
