@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,9 +101,10 @@ def run(
     return rows
 
 
-def earlier_rows(path: Path, env: str, episodes: int, max_steps: int) -> list[dict]:
+def earlier_rows(path: Path, env: str, episodes: int, max_steps: int, policies: dict[str, str], delays: list[float]):
     """The rows of a table written before at ``path`` with the same task, episodes and step limit (a stopped run
-    continues from them); none when there is none or it asked something else."""
+    continues from them), of the policies and delays asked now; none when there is none or it asked something
+    else."""
     if not path.is_file():
         return []
     record = json.loads(path.read_text())
@@ -110,7 +112,8 @@ def earlier_rows(path: Path, env: str, episodes: int, max_steps: int) -> list[di
     if (asked.get("env"), asked.get("episodes"), asked.get("max_steps")) != (env, episodes, max_steps):
         print(f"note: {path} holds evaluations of other settings; they are replaced")
         return []
-    return record["rows"]
+    asked_now = {None, *delays}
+    return [r for r in record["rows"] if policies.get(r["policy"]) == r["path"] and r["delay_ms_each_way"] in asked_now]
 
 
 def study_policies(results: Path, work: Path | None) -> dict[str, str]:
@@ -125,16 +128,24 @@ def study_policies(results: Path, work: Path | None) -> dict[str, str]:
     return policies
 
 
+def group(name: str) -> str:
+    """The policies a name's seeds pool with: the name without its seed (``chunk40-bin-s2`` -> ``chunk40-bin``, a
+    study's run id; ``s2`` -> all)."""
+    return re.sub(r"(^|-)s\d+$", "", name) or "all"
+
+
 def table(rows: list[dict]) -> list[dict]:
-    """One line per (delay, scheme): the mean over policies and each policy's success."""
+    """One line per (group, delay, scheme): the mean over the group's policies (training seeds) and each one's
+    success."""
     cells = {}
     for r in rows:
-        cells.setdefault((r["delay_ms_each_way"], r["scheme"]), []).append(r)
+        cells.setdefault((group(r["policy"]), r["delay_ms_each_way"], r["scheme"]), []).append(r)
     out = []
-    for (delay, scheme), rs in cells.items():
+    for (name, delay, scheme), rs in cells.items():
         rates = [r["success_rate"] for r in rs]
         out.append(
             {
+                "group": name,
                 "delay_ms_each_way": delay,
                 "scheme": scheme,
                 "mean": float(np.mean(rates)),
@@ -157,7 +168,8 @@ def markdown(cells: list[dict], args) -> str:
         "# Closed-loop success behind a network delay (`scripts/delay_table.py`)",
         "",
         f"{args.env}, {args.episodes} episodes per policy and setting (at most {args.max_steps} steps), "
-        f"{len(args.policy)} policies (training seeds): {', '.join(args.policy)}. A reply arrives the round trip (twice "
+        f"{len(args.policy)} policies: {', '.join(args.policy)}; a run's training seeds pool (its name without "
+        "-s<seed>). A reply arrives the round trip (twice "
         "the one-way delay) plus the measured decode time after its observation, in control steps at the simulator's "
         "rate; the simulator steps meanwhile (`vla eval --delay-ms`). *When empty*: the robot asks when its chunk has "
         "run and holds until the reply; *ahead*: it asks that many actions early and skips the reply's actions for "
@@ -167,9 +179,9 @@ def markdown(cells: list[dict], args) -> str:
         "committed actions. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "
         "chunks in brackets).",
         "",
-        "| delay each way | scheme | decode ms | steps late | mean success | std (policies) | per policy | steps held an episode | "
-        "jump at the hand-over |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| policies | delay each way | scheme | decode ms | steps late | mean success | std (policies) | per policy | "
+        "steps held an episode | jump at the hand-over |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in cells:
         delay = "none" if c["delay_ms_each_way"] is None else f"{c['delay_ms_each_way']:g} ms"
@@ -178,7 +190,7 @@ def markdown(cells: list[dict], args) -> str:
         steps = "/".join(str(s) for s in c["delay_steps"]) or "0"
         decode = "-" if c["decode_ms"] is None else f"{c['decode_ms']:.0f}"
         lines.append(
-            f"| {delay} | {c['scheme']} | {decode} | {steps} | **{c['mean']:.0%}** | {std} | {per} | {c['held']:.1f} | "
+            f"| {c['group']} | {delay} | {c['scheme']} | {decode} | {steps} | **{c['mean']:.0%}** | {std} | {per} | {c['held']:.1f} | "
             f"{c['jump']:.3f} ({c['within']:.3f}) |"
         )
     return "\n".join(lines) + "\n\n![success against delay](delay.png)\n"
@@ -191,12 +203,20 @@ def plot(cells: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    base = next((c for c in cells if c["delay_ms_each_way"] is None), None)
-    for scheme in SCHEMES:
-        pts = sorted((c["delay_ms_each_way"], c["mean"]) for c in cells if c["scheme"] == scheme)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=scheme)
-    if base is not None:
-        ax.axhline(base["mean"], color="grey", ls="--", label="no delay")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = dict(zip(SCHEMES, ("s:", "o-", "^--")))
+    for i, name in enumerate(dict.fromkeys(c["group"] for c in cells)):
+        mine = [c for c in cells if c["group"] == name]
+        colour = colours[i % len(colours)]
+        for scheme in SCHEMES:
+            pts = sorted((c["delay_ms_each_way"], c["mean"]) for c in mine if c["scheme"] == scheme)
+            if pts:
+                ax.plot(
+                    [p[0] for p in pts], [p[1] for p in pts], styles[scheme], color=colour, label=f"{name}: {scheme}"
+                )
+        base = next((c for c in mine if c["delay_ms_each_way"] is None), None)
+        if base is not None:
+            ax.axhline(base["mean"], color=colour, ls=(0, (1, 3)), lw=1, label=f"{name}: no delay")
     ax.set(xlabel="delay each way (ms)", ylabel="success (mean over policies)", ylim=(0, 1.05))
     ax.legend()
     ax.grid(alpha=0.3)
@@ -226,7 +246,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    done = earlier_rows(args.out / "delay.json", args.env, args.episodes, args.max_steps)
+    delays = [float(d) for d in args.delays.split(",")]
+    done = earlier_rows(args.out / "delay.json", args.env, args.episodes, args.max_steps, policies, delays)
 
     def write(rows: list[dict]) -> None:  # after every evaluation: a stopped table loses one evaluation at most
         cells = table(rows)
@@ -235,7 +256,6 @@ def main() -> None:
         atomic_write_text(args.out / "README.md", markdown(cells, args))
         plot(cells, args.out / "delay.png")
 
-    delays = [float(d) for d in args.delays.split(",")]
     write(run(policies, args.env, args.episodes, args.max_steps, delays, done, on_row=write))
     print(f"wrote {args.out}/delay.json, README.md and delay.png")
 

@@ -54,7 +54,7 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     assert all(late[(p, 25.0)] >= late[(p, 0.0)] + 4 for p in ("b", "f"))  # 50 ms round trip: 4 steps at 80 Hz
     committed = [c for c in record["cells"] if c["scheme"] == "ahead + commit"]
     assert [set(c["per_policy"]) for c in committed] == [{"b"}] * 2
-    assert "| 25 ms | ahead + commit | " in (out / "README.md").read_text()
+    assert "| b | 25 ms | ahead + commit | " in (out / "README.md").read_text()
     assert record["provenance"]["config"]["episodes"] == 1
     assert_plot(out / "delay.png")
 
@@ -67,3 +67,11 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     again = json.loads((out / "delay.json").read_text())
     assert again["rows"][: len(record["rows"])] == record["rows"] and len(again["rows"]) == len(record["rows"]) + 5
     assert {r["decode_ms"] for r in again["rows"] if r["policy"] == "b" and r["decode_ms"]} == decodes_b
+
+    calls.clear()  # a shorter table: only the rows asked now are kept, and nothing is run again
+    monkeypatch.setattr(
+        sys, "argv", argv[:3] + ["--episodes", "1", "--max-steps", "8", "--delays", "50"] + ["--out", str(out)]
+    )
+    module.main()
+    kept = json.loads((out / "delay.json").read_text())["rows"]
+    assert calls == [] and [(r["policy"], r["delay_ms_each_way"]) for r in kept] == [("b", None)] + [("b", 50.0)] * 3

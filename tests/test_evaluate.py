@@ -287,10 +287,11 @@ def test_a_fast_policy_keeps_the_decoded_chunk_nearest_the_committed_actions(tin
     """FAST's ids mix the chunk's steps, so committed actions cannot be forced: the policy decodes the greedy chunk and
     ``commit_search - 1`` samples and keeps, per row, the one whose first actions are nearest them. Its first actions
     are then at least as near as the greedy chunk's, nearer when a sample beats it, the same for a row that commits
-    nothing; each candidate is a full decode (the steps add up); the same batch gives the same chunks."""
+    nothing; the samples are one more decode (its steps add up); the same batch gives the same chunks."""
     from vla.execution import COMMITTED
     from vla.policy import VLAPolicy
     from vla.policy.commit_search import nearest_to_committed
+    from vla.policy.pipeline import NORMALIZED
     from vla.sim import make_env
 
     policy = VLAPolicy.from_pretrained(tiny_policy).eval()
@@ -301,7 +302,7 @@ def test_a_fast_policy_keeps_the_decoded_chunk_nearest_the_committed_actions(tin
     greedy_steps = policy.last_decode_info.steps
     far = greedy[0, :2] + 3.0 * np.abs(policy.action_normalizer.scale)  # committed actions unlike the greedy chunk's
     chunk = runner([{**obs, COMMITTED: far}, {**obs, COMMITTED: np.zeros((0, 4))}])
-    assert policy.last_decode_info.steps > greedy_steps * (policy.config.commit_search - 1)
+    assert policy.last_decode_info.steps > greedy_steps  # the samples: one more decode, of B * 7 rows
     scale = np.abs(policy.action_normalizer.scale)
 
     def error(c):
@@ -309,6 +310,13 @@ def test_a_fast_policy_keeps_the_decoded_chunk_nearest_the_committed_actions(tin
 
     assert error(chunk[0]) < error(greedy[0])  # a sample nearer than the greedy chunk was found
     np.testing.assert_allclose(chunk[1], greedy[1], atol=1e-5)  # nothing committed: the greedy chunk
+    batch = {**evaluate.ChunkPolicy.batch([{**obs, COMMITTED: far}]), NORMALIZED: True}
+    with pytest.raises(ValueError, match="committed actions are raw actions"):  # LeRobot's normalised batch
+        policy.predict_action_chunk(batch)
+    with pytest.raises(ValueError, match=r"send float \[d, 4\]"):
+        runner([{**obs, COMMITTED: np.zeros((2, 3))}])
+    with pytest.raises(ValueError, match="not all finite"):
+        runner([{**obs, COMMITTED: np.full((1, 4), np.nan)}])
     again = runner([{**obs, COMMITTED: far}, {**obs, COMMITTED: np.zeros((0, 4))}])
     np.testing.assert_array_equal(again, chunk)  # seeded: the same batch, the same search
 

@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import action_tokenizers as at
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from vla.cli import main
 from vla.config import load_config
 from vla.data import defaults, reader
 from vla.data.meta import flat_names
+from vla.policy import VLAConfig, VLAPolicy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its configuration per encoded episode otherwise
@@ -222,6 +224,18 @@ def test_the_actions_run_per_chunk_are_bounded_by_the_chunk_the_data_decides(arm
         defaults.choose(load_config(args=[*base, "--policy.n_action_steps=30"]), info)
     with pytest.raises(ValueError, match=r"time_horizon \(10\)"):  # a T that stands bounds it at once
         load_config(args=[f"--dataset_root={arm_50hz}", "--policy.time_horizon=10", "--policy.n_action_steps=20"])
+    # a saved policy keeps chunk_seconds: building it bounds n_action_steps by its final T
+    config = VLAConfig(preset="micro", time_horizon=4, chunk_seconds=0.5, n_action_steps=40, device="cpu")
+    chunks = np.zeros((8, 4, 3))
+    with pytest.raises(
+        ValueError, match=r"n_action_steps = 40 is invalid: use 1 <= n_action_steps <= time_horizon \(4\)"
+    ):
+        VLAPolicy(
+            config,
+            action_tokenizer=at.BinningTokenizer.fit(chunks, n_bins=16),
+            action_normalizer=at.Normalizer.fit(np.random.default_rng(0).standard_normal((50, 3))),
+            state_normalizer=at.Normalizer.fit(np.random.default_rng(1).standard_normal((50, 5))),
+        )
 
 
 def test_a_delay_makes_the_chunk_long_enough_to_cover_it(arm_50hz):

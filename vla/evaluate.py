@@ -28,6 +28,7 @@ import torch
 from vla.execution import COMMITTED
 from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
+from vla.policy.commit_search import REFUSES_COMMITTED
 from vla.policy.saved_config import check_policy_folder
 from vla.run_folder import RunFolder
 from vla.sim import EVAL_SEED_START, env_names, make_env
@@ -195,7 +196,7 @@ def evaluate(
         raise ValueError("--commit sends the actions that run while a reply is on its way: it needs --ahead")
     policy, policy_dir, recording, env_options = _loaded(policy, env_options)
     if commit and policy.commit_scheme is None:  # refused now, not at the first request
-        policy.action_tokenizer.prefix_ids(np.zeros((1, 1, policy.config.action_dim)))  # raises, with its reason
+        raise ValueError(REFUSES_COMMITTED.format(name=policy.action_tokenizer.name))
     config = policy.config
     _check_for_policy(config, n_action_steps, num_beams, gif_episodes)
     if num_beams is not None:

@@ -10,8 +10,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 SEARCH_TEMPERATURE = 1.0  # the model's own distribution: the candidates the search draws from
+REFUSES_COMMITTED = (
+    "this policy refuses committed actions: its {name} ids mix the chunk's steps, so they cannot be forced, and its "
+    "commit_search is 0 (no search); set --policy.commit_search=8 (or more), or send no committed actions"
+)
+
+
+def checked_committed(committed: Sequence[object], action_dim: int, time_horizon: int) -> list[np.ndarray]:
+    """Each row's committed actions as float ``[d, D]`` (``d`` may be 0), refused unless finite and ``d`` <= T."""
+    rows = []
+    for r, actions in enumerate(committed):
+        arr = np.asarray(actions, dtype=np.float64)
+        if arr.size % action_dim or (arr.ndim == 2 and arr.shape[1] != action_dim) or arr.ndim > 2:
+            raise ValueError(f"committed actions of row {r} have shape {arr.shape}; send float [d, {action_dim}]")
+        arr = arr.reshape(-1, action_dim)
+        if len(arr) > time_horizon:
+            raise ValueError(f"{len(arr)} committed actions in row {r}, more than a chunk's {time_horizon}")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"committed actions of row {r} are not all finite")
+        rows.append(arr)
+    return rows
 
 
 def nearest_to_committed(
@@ -34,3 +55,19 @@ def nearest_to_committed(
         if np.isfinite(min(errors)):
             pick[r] = int(np.argmin(errors))
     return pick
+
+
+def tiled(batch: dict[str, object], times: int) -> dict[str, object]:
+    """``batch`` with its ``B`` rows repeated ``times`` over (row ``r`` of copy ``j`` at ``j * B + r``): tensors, arrays
+    and lists along their first axis, anything else (a flag) as it is."""
+    out: dict[str, object] = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.repeat(times, *([1] * (value.dim() - 1)))
+        elif isinstance(value, np.ndarray):
+            out[key] = np.concatenate([value] * times)
+        elif isinstance(value, (list, tuple)):
+            out[key] = list(value) * times
+        else:
+            out[key] = value
+    return out

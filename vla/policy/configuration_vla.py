@@ -136,8 +136,8 @@ class VLAConfig(PreTrainedConfig):
     num_beams: int = 1
     # Committed actions (vla.execution.COMMITTED) with a tokenizer whose ids mix the chunk's steps (FAST, BEAST, FSQ),
     # which cannot force a chunk's first ids: the greedy chunk and commit_search - 1 chunks sampled at temperature 1,
-    # the one whose first actions are nearest the committed ones sent (a search under the constraint; each candidate
-    # a full decode). 0 refuses committed actions for such a policy. Time-local tokenizers (bin) force the ids instead
+    # the one whose first actions are nearest the committed ones sent (a search under the constraint; the samples
+    # decoded as one batch of B * (commit_search - 1) rows). 0 refuses committed actions for such a policy. Time-local tokenizers (bin) force the ids instead
     commit_search: int = 8
     constrained: bool = True  # mask logits with the tokenizer's constraint (False only for ablations)
     use_kv_cache: bool = True  # prefill once and decode from the KV cache (False recomputes every step)

@@ -51,7 +51,13 @@ from vla.model.sequence import SequenceLayout
 from vla.model.text import TEXT_TOKENIZER_DIR, LocalTextTokenizer
 from vla.model.vocab import PALIGEMMA_TEXT_VOCAB, VocabMap
 from vla.model.vocab_constraint import VocabConstraint, fixed_chunk_length
-from vla.policy.commit_search import SEARCH_TEMPERATURE, nearest_to_committed
+from vla.policy.commit_search import (
+    REFUSES_COMMITTED,
+    SEARCH_TEMPERATURE,
+    checked_committed,
+    nearest_to_committed,
+    tiled,
+)
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.decode_info import DecodeInfo, DecodeStats
 from vla.policy.fitting import policy_tokenizer
@@ -238,6 +244,11 @@ class VLAPolicy(PreTrainedPolicy):
             if len(set(known.values())) > 1:
                 raise ValueError(f"{name} disagrees: {known}; fit the tokenizer and normalisers on the same data")
             setattr(c, name, next(iter(known.values())))
+        if c.n_action_steps is not None and not 1 <= c.n_action_steps <= c.time_horizon:  # T is final here
+            raise ValueError(
+                f"VLAConfig.n_action_steps = {c.n_action_steps} is invalid: use 1 <= n_action_steps <= time_horizon "
+                f"({c.time_horizon})"
+            )
         if tok.time_horizon is not None and tok.time_horizon != c.time_horizon:
             raise ValueError(
                 f"the action tokenizer was fitted on chunks of {tok.time_horizon} steps but VLAConfig.time_horizon "
@@ -288,7 +299,7 @@ class VLAPolicy(PreTrainedPolicy):
         prompt = run(self.pipeline.prompt, batch)
         gen, out = self._decoded(prompt, batch, normalized, self.config.temperature, generator)
         if COMMITTED in batch and not self.action_tokenizer.time_local and any(len(c) for c in batch[COMMITTED]):
-            gen, out = self._search(prompt, batch, gen, out, generator)
+            gen, out = self._search(batch, gen, out, generator)
         chunks = torch.as_tensor(np.where(np.isfinite(out[ACTION]), out[ACTION], 0.0), dtype=torch.float32)
         self._fall_back(chunks, out["valid"], out["errors"], normalized)
         self.decode_stats.chunks += len(chunks)
@@ -343,29 +354,40 @@ class VLAPolicy(PreTrainedPolicy):
             out["errors"][i] = "the chunk is not finite once unnormalised (the action normaliser's scale or offset)"
         return gen, out
 
-    def _search(self, prompt, batch, gen: Generation, out: dict[str, Any], generator) -> tuple[Generation, dict]:
-        """The greedy chunk and ``commit_search - 1`` sampled ones (temperature 1, seeded by ``generator`` or 0):
-        per row, the valid one whose first actions are nearest the committed ones (``vla.policy.commit_search``)."""
+    def _search(self, batch, gen: Generation, out: dict[str, Any], generator) -> tuple[Generation, dict]:
+        """The greedy chunk and ``commit_search - 1`` sampled ones (temperature 1, seeded by ``generator`` or 0, the
+        samples decoded as one batch of ``B * (commit_search - 1)`` rows): per row, the valid one whose first actions
+        are nearest the committed ones (``vla.policy.commit_search``)."""
         if self.commit_scheme is None:
-            self.action_tokenizer.prefix_ids(np.zeros((1, 1, self.config.action_dim)))  # its reason, raised
-        seeded = generator or torch.Generator(device=self.model.device).manual_seed(0)
-        candidates = [(gen, out)] + [
-            self._decoded(prompt, batch, False, SEARCH_TEMPERATURE, seeded, num_beams=1)
-            for _ in range(self.config.commit_search - 1)
-        ]
+            raise ValueError(REFUSES_COMMITTED.format(name=self.action_tokenizer.name))
+        if batch.get(NORMALIZED):
+            raise ValueError(
+                "committed actions are raw actions; run the policy through its own pipeline, not LeRobot's"
+            )
+        committed = checked_committed(batch[COMMITTED], self.config.action_dim, self.config.time_horizon)
+        candidates, rows = [(gen.ids, out)], len(gen.ids)
+        steps = gen.steps  # the forward passes the search cost
+        if self.config.commit_search > 1:
+            many = tiled(batch, self.config.commit_search - 1)
+            seeded = generator or torch.Generator(device=self.model.device).manual_seed(0)
+            g, o = self._decoded(run(self.pipeline.prompt, many), many, False, SEARCH_TEMPERATURE, seeded, num_beams=1)
+            steps += g.steps
+            for at_ in range(0, len(g.ids), rows):
+                part = slice(at_, at_ + rows)
+                candidates.append(
+                    (g.ids[part], {ACTION: o[ACTION][part], "valid": o["valid"][part], "errors": o["errors"][part]})
+                )
         scale = np.atleast_1d(self.action_normalizer.scale)
         pick = nearest_to_committed(
-            [c[1][ACTION] for c in candidates], [c[1]["valid"] for c in candidates], batch[COMMITTED], scale
+            [c[1][ACTION] for c in candidates], [c[1]["valid"] for c in candidates], committed, scale
         )
-        rows = np.arange(len(pick))
-        ids = [candidates[k][0].ids[r] for r, k in zip(rows, pick)]
+        index = list(enumerate(pick))
         chosen = {
-            ACTION: np.stack([candidates[k][1][ACTION][r] for r, k in zip(rows, pick)]),
-            "valid": np.array([candidates[k][1]["valid"][r] for r, k in zip(rows, pick)]),
-            "errors": [candidates[k][1]["errors"][r] for r, k in zip(rows, pick)],
+            ACTION: np.stack([candidates[k][1][ACTION][r] for r, k in index]),
+            "valid": np.array([candidates[k][1]["valid"][r] for r, k in index]),
+            "errors": [candidates[k][1]["errors"][r] for r, k in index],
         }
-        steps = sum(c[0].steps for c in candidates)  # the forward passes the search cost
-        return dataclasses.replace(gen, ids=ids, steps=steps), chosen
+        return dataclasses.replace(gen, ids=[candidates[k][0][r] for r, k in index], steps=steps), chosen
 
     def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None], normalized: bool) -> None:
         """Replace invalid chunks in place: previous action repeated, else the normalised zero action. Counted."""
