@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla.evaluate import evaluate
+from vla.evaluate import EVAL_SEED_START, evaluate
 from vla.io import atomic_write_text
 from vla.provenance import provenance
 
@@ -72,7 +72,8 @@ def run(
             each_way = None if round_trip is None else round_trip / 2
             if any((r["scheme"], r["delay_ms_each_way"]) == (scheme, each_way) for r in mine):
                 continue
-            report = evaluate(
+            report = None if round_trip is not None else study_eval(policy, env, episodes, max_steps)
+            report = report or evaluate(
                 policy,
                 env,
                 episodes,
@@ -99,6 +100,28 @@ def run(
             if on_row is not None:
                 on_row(rows)
     return rows
+
+
+ROW_KEYS = ("held_steps_mean", "switch_jump_mean", "step_change_mean", "mean_length", "successes", "success_rate")
+
+
+def study_eval(policy: str, env: str, episodes: int, max_steps: int) -> dict | None:
+    """The evaluation a study run made of ``policy`` with no delay (``<run>/eval/eval_info.json`` beside its
+    ``train/policy``) when it is the one asked here: the same task, episodes, first seed and step limit, at the
+    policy's own actions per chunk, one beam and no ensemble. None otherwise (evaluated here)."""
+    path = Path(policy).parent.parent / "eval" / "eval_info.json"
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    asked = report.get("provenance", {}).get("config", {}).get("eval", {})
+    wanted = {"env": env, "episodes": episodes, "seed_start": EVAL_SEED_START, "max_steps": max_steps}
+    own = json.loads((Path(policy) / "config.json").read_text()).get("n_action_steps")
+    same = all(asked.get(k) == v for k, v in wanted.items()) and asked.get("ensemble") is None
+    same = same and asked.get("n_action_steps") == own
+    if not same or asked.get("num_beams") != 1 or any(k not in report for k in ROW_KEYS):
+        return None
+    print(f"no delay: {path}, the study's own evaluation (the same settings)")
+    return report
 
 
 def earlier_rows(path: Path, env: str, episodes: int, max_steps: int, policies: dict[str, str], delays: list[float]):

@@ -75,3 +75,32 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     module.main()
     kept = json.loads((out / "delay.json").read_text())["rows"]
     assert calls == [] and [(r["policy"], r["delay_ms_each_way"]) for r in kept] == [("b", None)] + [("b", 50.0)] * 3
+
+
+def test_a_study_runs_own_evaluation_is_the_no_delay_row(tiny_dataset_root, tmp_path, monkeypatch):
+    """A policy in a study's run folder whose evaluation (``<run>/eval/eval_info.json``) asked the same task, episodes
+    and step limit is not evaluated again with no delay: that evaluation is the row; other settings are evaluated."""
+    from vla import evaluate as evaluation
+
+    policy = train_micro_policy(tiny_dataset_root, tmp_path / "run" / "train", tokenizer_config("bin", n_bins=64))
+    evaluation.evaluate(policy, "metaworld/push-v3", 1, max_steps=8, out_dir=tmp_path / "run" / "eval", progress=False)
+    saved = json.loads((tmp_path / "run" / "eval" / "eval_info.json").read_text())
+    module = delay_table()
+    calls = []
+    evaluate = module.evaluate
+    monkeypatch.setattr(module, "evaluate", lambda *a, **k: calls.append(k["delay_ms"]) or evaluate(*a, **k))
+    out = tmp_path / "delay"
+    args = ["--policy", f"s0={policy}", "--episodes", "1", "--max-steps", "8", "--delays", "0", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["delay_table.py", *args])
+    module.main()
+    rows = json.loads((out / "delay.json").read_text())["rows"]
+    assert None not in calls and len(calls) == 3  # the three delayed schemes only
+    assert rows[0]["scheme"] == "no delay" and rows[0]["successes"] == saved["successes"]
+    calls.clear()
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["delay_table.py", *args[:4], "--max-steps", "9", "--delays", "0", "--out", str(tmp_path / "other")],
+    )
+    module.main()  # another step limit: the study's evaluation does not answer it
+    assert calls[0] is None
