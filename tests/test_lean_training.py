@@ -128,12 +128,8 @@ def test_compiled_training_step_equals_the_uncompiled_one():
     model, seq, images = batch_for("fast", cameras=0, state_encoding="embedding")
     _, short, _ = batch_for("fast", cameras=0, state_encoding="embedding", rows=3, seed=1)
     eager = [loss_and_grads(model, s, None) for s in (seq, short)]
-    model.compile_training = True
-    try:
-        compiled = [loss_and_grads(model, s, None) for s in (seq, short)]
-        assert model.compile_training, "it compiled (no fallback)"
-    finally:
-        model.compile_training = False
+    compiled = [loss_and_grads(model, s, None, compiled=True) for s in (seq, short)]
+    assert not getattr(model, lean.COMPILE_FAILED, False), "it compiled (no fallback)"
     for a, b in zip(eager, compiled):
         assert_same_step(a, b)
 
@@ -147,26 +143,29 @@ def test_compile_falls_back_to_the_uncompiled_layers_with_a_warning(monkeypatch,
 
         return stack
 
-    monkeypatch.setattr(lean, "_compiled_stack", cannot_compile)
+    tries = []
+    monkeypatch.setattr(lean, "_compiled_stack", lambda: tries.append(1) or cannot_compile())
     reference = loss_and_grads(model, seq, images)
-    model.compile_training = True
     with caplog.at_level(logging.WARNING, logger="vla.model.lean"):
-        got = loss_and_grads(model, seq, images)
-    assert not model.compile_training  # it does not try again every step
+        got = loss_and_grads(model, seq, images, compiled=True)
+        again = loss_and_grads(model, seq, images, compiled=True)
+    assert len(tries) == 1  # it does not try again every step
     assert "torch.compile could not compile the training step (RuntimeError: InvalidCxxCompiler" in caplog.text
     assert_same_step(reference, got)
+    assert_same_step(reference, again)
 
 
 def test_compile_option_reaches_training(tiny_dataset_root, tmp_path, monkeypatch):
-    """`vla train --compile=true` turns the model's compiled step on (here falling back, so the test stays quick)."""
+    """`vla train --compile=true` asks every step's loss for the compiled layers (here the uncompiled ones stand in
+    for them, so the test stays quick); without it no step asks."""
     from vla.cli import main
 
     seen = []
     original = lean.suffix_hidden
 
-    def spy(model, seq, images=None):
-        seen.append(model.compile_training)
-        return original(model, seq, images)
+    def spy(model, seq, images=None, compiled=False):
+        seen.append(compiled)
+        return original(model, seq, images, compiled)
 
     monkeypatch.setattr(lean, "_compiled_stack", lambda: lean._packed_stack)
     monkeypatch.setattr("vla.model.prefix_lm.suffix_hidden", spy)
@@ -184,6 +183,10 @@ def test_compile_option_reaches_training(tiny_dataset_root, tmp_path, monkeypatc
     )
     assert code == 0 and seen and all(seen)
     assert (tmp_path / "run" / "policy" / "model.safetensors").is_file()
+    seen.clear()
+    args = ["train", "--config_path=configs/debug.yaml", f"--dataset_root={tiny_dataset_root}", "--steps=2"]
+    assert main([*args, f"--output_dir={tmp_path / 'plain'}", "--save_every=2", "--progress=false"]) == 0
+    assert seen and not any(seen)
 
 
 # --- the data path ----------------------------------------------------------------------------------------------------

@@ -258,7 +258,7 @@ def train_steps(
     for batch in loader:
         batch = to_device(batch, accelerator.device)
         with accelerator.autocast():
-            loss, metrics = policy(batch)  # cross-entropy on the action suffix only
+            loss, metrics = policy(batch, compiled=cfg.compile)  # cross-entropy on the action suffix only
         opt.optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss * global_loss_weight(accelerator, loss, metrics))
         grad_norm = accelerator.clip_grad_norm_(opt.params, opt.clip_norm)
@@ -373,7 +373,6 @@ def make_optimization(cfg: TrainConfig, policy: VLAPolicy, accelerator) -> Optim
     preset = dataclasses.asdict(policy.config.get_optimizer_preset())
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params) or None
     optimizer = torch.optim.AdamW(params, **{k: v for k, v in preset.items() if k != "grad_clip_norm"}, fused=fused)
-    policy.model.compile_training = cfg.compile  # torch.compile of the layers in the step (vla.model.lean), or not
     decay = policy.config.scheduler_decay_steps
     scheduler = policy.config.get_scheduler_preset().build(optimizer, max(cfg.steps, decay))
     if accelerator.is_main_process and cfg.steps < decay:  # said before any step

@@ -15,7 +15,7 @@ step is only how a layer's rows attend (``attend``: a packed batch in its padded
 cache, one token per row reading it) and where the weights come from (``layer_weights``). Training takes the same
 route: ``PrefixLM.loss`` gets the loss positions' hidden states from ``suffix_hidden``, the layers as differentiable
 tensor ops on the batch's valid tokens only (no work on padding), with the last layer's MLP run only where the loss
-reads. ``PrefixLM.compile_training = True`` (``vla train --compile=true``) runs those
+reads. ``compiled=True`` (``PrefixLM.loss``, ``VLAPolicy.forward``; ``vla train --compile=true``) runs those
 layers through ``torch.compile`` (inductor; shapes dynamic, so FAST's varying lengths do not recompile), and falls
 back to the uncompiled layers, with a warning, where it cannot compile.
 """
@@ -32,6 +32,7 @@ from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaMod
 from vla.model.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+COMPILE_FAILED = "_compile_failed"  # set on a model whose layers torch.compile could not compile
 
 
 class LeanSteps:
@@ -297,7 +298,7 @@ def embed_sequence(model, seq: Sequence, images: torch.Tensor | None) -> torch.T
 
 
 # --- training: the loss positions' hidden states, no work on padding ------------------------------------------------
-def suffix_hidden(model, seq: Sequence, images: torch.Tensor | None = None) -> torch.Tensor:
+def suffix_hidden(model, seq: Sequence, images: torch.Tensor | None = None, compiled: bool = False) -> torch.Tensor:
     """The final hidden states ``[M, H]`` at the ``M`` positions of ``seq.loss_mask`` (row-major, as
     ``last_hidden_state[seq.loss_mask]`` orders them), computed with the backbone's own weights and differentiable,
     doing no work on padding.
@@ -318,11 +319,11 @@ def suffix_hidden(model, seq: Sequence, images: torch.Tensor | None = None) -> t
     cos, sin = lm.rotary_emb(x, seq.position_ids.to(model.device))  # [B, L, hd]
     mask = model.additive_mask(seq.attention_mask)  # [B, 1, L, L]
     sin = _signed(sin)
-    if getattr(model, "compile_training", False):
+    if compiled and not getattr(model, COMPILE_FAILED, False):
         try:
             return _compiled_stack()(lm, x, rows, reads, cos, sin, mask)
         except Exception as err:  # noqa: BLE001 (no C++ compiler, an op inductor cannot lower, ...): run it eagerly
-            model.compile_training = False
+            setattr(model, COMPILE_FAILED, True)  # remembered: not tried again every step
             reason = (str(err).strip().splitlines() or [""])[0][:200]
             logger.warning(
                 "torch.compile could not compile the training step (%s: %s); training goes on without it "

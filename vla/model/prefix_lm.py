@@ -162,10 +162,6 @@ class PrefixLM(nn.Module):
     ``state_encoder`` (optional) writes the state's embeddings into the prefix's state slots; ``slot_embedding``
     (optional, parallel decoding) writes the query slots' learned inputs."""
 
-    # True: ``loss`` runs the backbone's layers through torch.compile (``vla.model.lean.suffix_hidden``; off by default: the
-    # first steps pay the compilation, ~40 s for tiny on a busy CPU with a warm inductor cache, minutes without)
-    compile_training: bool = False
-
     def __init__(
         self,
         backbone: PaliGemmaForConditionalGeneration,
@@ -314,7 +310,7 @@ class PrefixLM(nn.Module):
 
     # --- the two verbs -------------------------------------------------------------------------------------
     def loss(
-        self, seq: Sequence, images: torch.Tensor | None = None, *, lean: bool | None = None
+        self, seq: Sequence, images: torch.Tensor | None = None, *, lean: bool | None = None, compiled: bool = False
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Next-token cross-entropy on the suffix only; logits are computed at those positions only. (Parallel
         decoding: each query slot's own action id, at every slot at once; the sequence's targets say which.)
@@ -322,6 +318,8 @@ class PrefixLM(nn.Module):
         ``lean`` (None: wherever the backbone allows it, ``LeanSteps.supports``): the hidden states come from
         ``vla.model.lean.suffix_hidden``, the backbone's own layers as plain tensor ops with no work on padding and the last
         layer run only where the loss reads; ``False`` runs transformers' forward (the reference it is tested against).
+        ``compiled``: those layers through torch.compile (``vla train --compile=true``; the first steps pay the
+        compilation, ~40 s for tiny on a busy CPU with a warm inductor cache, minutes without).
 
         Metrics (0-d tensors, so nothing waits for the device until the caller reads them): ``loss``,
         ``accuracy`` (greedy next-token accuracy on the action ids), ``suffix_tokens``.
@@ -330,7 +328,7 @@ class PrefixLM(nn.Module):
         if lean is None:
             lean = LeanSteps.supports(self, training=True)
         if lean:
-            hidden = suffix_hidden(self, seq, images)  # [N, hidden], N = suffix targets in the batch
+            hidden = suffix_hidden(self, seq, images, compiled)  # [N, hidden], N = suffix targets in the batch
         else:
             out = self(
                 seq.input_ids,

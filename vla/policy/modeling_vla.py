@@ -266,13 +266,14 @@ class VLAPolicy(PreTrainedPolicy):
         self._history = StateHistory(self.config.n_obs_steps)  # select_action's states, n_obs_steps > 1
         self._previous_action = None
 
-    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: dict[str, Any], compiled: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Training loss: cross-entropy on the action segment only. ``batch`` is packed (``policy.pipeline``'s
         ``Collate``: ``sequence``, ``images``) or raw (LeRobot's: the pipeline's training steps run here first).
-        Metrics are 0-d tensors, so nothing waits for the device here; the trainer reads them when it logs."""
+        ``compiled``: the layers through torch.compile (``PrefixLM.loss``). Metrics are 0-d tensors, so nothing waits
+        for the device here; the trainer reads them when it logs."""
         if SEQUENCE not in batch:  # augmentation (random image shifts) only while training
             batch = packed(run(self.pipeline.training if self.training else self.pipeline.measuring, batch))
-        loss, metrics = self.model.loss(batch[SEQUENCE], batch.get(IMAGES))
+        loss, metrics = self.model.loss(batch[SEQUENCE], batch.get(IMAGES), compiled=compiled)
         for key in ("tokens_per_chunk", "action_pad_fraction"):
             if key in batch:
                 metrics[key] = torch.as_tensor(batch[key]).float()
