@@ -139,8 +139,10 @@ def test_a_request_sent_ahead_lands_as_the_chunk_ends_and_skips_what_ran_meanwhi
 
 def test_a_late_reply_ahead_is_waited_for_with_the_rest_of_the_chunk_then_a_hold():
     # 2 actions a chunk, a 5-step delay, chunks of 6: asked again at step 1, the reply lands at step 6 with its first
-    # 5 actions skipped; meanwhile the first chunk runs on to its end (2..5). The next reply is late again: hold.
-    assert _trace(DelayedQueue(2, 5, ahead=True), 9) == [0, 1, 2, 3, 4, 5, 105, None, None]
+    # 5 actions skipped; meanwhile the first chunk runs on to its end (2..5). The next reply is late again: the robot
+    # holds 4 steps after its one action (105) ran, and that reply skips only the 1 action that ran, not 5.
+    ran = _trace(DelayedQueue(2, 5, ahead=True), 13)
+    assert ran == [0, 1, 2, 3, 4, 5, 105, None, None, None, None, 601, 602]
 
 
 def test_a_temporal_ensemble_with_a_delay_is_refused():

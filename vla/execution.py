@@ -115,8 +115,9 @@ class DelayedQueue:
     * ``ahead=False`` (synchronous, today's robot client): ask when the chunk's ``n_action_steps`` have run; hold
       until the reply; run it from its first action (the robot did not move meanwhile).
     * ``ahead=True``: ask when ``delay_steps`` of them remain; meanwhile the current chunk runs on (beyond
-      ``n_action_steps`` when the reply is late, then the robot holds); the reply's first ``delay_steps`` actions
-      are for the steps that ran while it was on its way, and are skipped.
+      ``n_action_steps`` when the reply is late, then the robot holds); the reply's first actions are for the actions
+      that ran while it was on its way (``committed``), and as many are skipped: ``delay_steps``, or fewer when the
+      running chunk ran out first and the robot held (it paused; the reply goes on from where it stopped).
 
     With ``delay_steps = 0`` both are exactly ``ChunkQueue``. ``switched`` says whether the last ``pop`` ran the first
     action of a new chunk (for the jump at the hand-over).
@@ -136,7 +137,7 @@ class DelayedQueue:
         self._stop = 0  # its planned actions end here (n_action_steps); later ones run only while a reply is late
         self._reply: Any = None  # the chunk on its way
         self._wait = 0  # steps until it arrives
-        self._skip = 0  # its first actions to drop on arrival (ahead: the steps that ran while it was on its way)
+        self._skip = 0  # its first actions to drop on arrival (ahead: the actions that ran while it was on its way)
         self._new = False  # the running chunk's first action has not run yet
         self.switched = False
 
@@ -167,7 +168,8 @@ class DelayedQueue:
         """A chunk predicted from the current step's observation; it arrives ``delay_steps`` steps from now."""
         first = self._chunk is None
         self._reply, self._wait = chunk, 0 if first else self.delay_steps
-        self._skip = self.delay_steps if self.ahead and not first else 0
+        left = 0 if first else self._chunk.shape[-2] - self._next  # the running chunk's actions not yet run
+        self._skip = min(self.delay_steps, left) if self.ahead else 0  # those that run before it lands
         self._deliver()
 
     def pop(self) -> Any:

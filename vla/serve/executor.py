@@ -2,9 +2,9 @@
 
 ``ChunkExecutor`` keeps the robot acting while the next chunk decodes. Each ``act(obs)`` (one control tick) returns
 the next action of the current chunk; when ``k`` actions are left it sends ``obs`` in a background thread, remembering
-the tick it was taken at. When that chunk arrives ``d`` ticks later, its first ``d`` actions were meant for ticks that
-have passed: they are dropped (counted as ``stale``) and the chunk is executed from action ``d``, replacing what was
-left of the old one. If a chunk is late (the current one is used up and nothing new has come), the last action is
+how many actions had run. When that chunk arrives, its first ``d`` actions were meant for the ``d`` actions that ran
+meanwhile: they are dropped (counted as ``stale``) and the chunk is executed from action ``d``, replacing what was
+left of the old one (ticks the robot held do not count: it paused, and the chunk goes on from where it stopped). If a chunk is late (the current one is used up and nothing new has come), the last action is
 held and counted (``held``): never zeros, which would mean "go to the zero pose" to an absolute-position robot.
 For a policy that reads a state history (``n_obs_steps`` = n > 1, from the server's metadata), the executor keeps
 the last n states of the episode at the control rate (``vla.execution.StateHistory``, every tick, so the frames are
@@ -140,7 +140,7 @@ class ChunkExecutor:
         """Start an episode: forget the chunk and the last action; a reply still in flight is discarded."""
         with self._lock:
             self._epoch = getattr(self, "_epoch", 0) + 1
-            self._arrived: tuple[np.ndarray, int] | None = None
+            self._arrived: tuple[np.ndarray, int] | None = None  # a reply, and the actions run when it was asked
         self._inflight: concurrent.futures.Future | None = None
         self._chunk: np.ndarray | None = None
         self._index = 0
@@ -223,9 +223,10 @@ class ChunkExecutor:
 
     def _request(self, obs: dict[str, Any]) -> None:
         self.stats.requests += 1
-        self._inflight = self._pool.submit(self._fetch, obs, self.tick, self._epoch)
+        # the reply's first actions are for those the robot runs from now on: as many as ran are dropped on arrival
+        self._inflight = self._pool.submit(self._fetch, obs, self.stats.executed, self._epoch)
 
-    def _fetch(self, obs: dict[str, Any], tick: int, epoch: int) -> None:
+    def _fetch(self, obs: dict[str, Any], ran: int, epoch: int) -> None:
         start = time.perf_counter()
         try:
             reply = self.infer(obs)
@@ -240,20 +241,21 @@ class ChunkExecutor:
         with self._lock:
             if epoch != self._epoch:  # a reply for an episode that has ended
                 return
-            self._arrived = (chunk, tick)
+            self._arrived = (chunk, ran)
             self._recent_rtt.append(rtt_ms)
             self.stats.round_trip_ms.append(rtt_ms)
 
     def _adopt(self, fresh_start: bool = False) -> None:
-        """Switch to a chunk that has arrived, dropping the actions meant for ticks already past."""
+        """Switch to a chunk that has arrived, dropping its first actions, meant for those that ran while it was on its
+        way (not for ticks the robot held: it paused, and the chunk goes on from where it stopped)."""
         if self._inflight is not None and self._inflight.done():
             self._inflight = None
         with self._lock:
             arrived, self._arrived = self._arrived, None
         if arrived is None:
             return
-        chunk, tick = arrived
-        late = 0 if (fresh_start or self.mode == "sync") else self.tick - tick
+        chunk, ran = arrived
+        late = 0 if (fresh_start or self.mode == "sync") else self.stats.executed - ran
         usable = len(chunk) if self.horizon is None else min(self.horizon, len(chunk))
         if late >= usable:
             self.stats.wasted_chunks += 1
