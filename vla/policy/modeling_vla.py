@@ -361,10 +361,6 @@ class VLAPolicy(PreTrainedPolicy):
         are nearest the committed ones (``vla.policy.commit_search``)."""
         if self.commit_scheme is None:
             raise ValueError(REFUSES_COMMITTED.format(name=self.action_tokenizer.name))
-        if batch.get(NORMALIZED):
-            raise ValueError(
-                "committed actions are raw actions; run the policy through its own pipeline, not LeRobot's"
-            )
         committed = checked_committed(batch[COMMITTED], self.config.action_dim, self.config.time_horizon)
         candidates, rows = [(gen.ids, out)], len(gen.ids)
         steps = gen.steps  # the forward passes the search cost

@@ -159,12 +159,14 @@ class CommitActions:
     relative: RelativeActions | None = None
 
     def __call__(self, batch: Batch) -> Batch:
-        if COMMITTED not in batch or not self.tokenizer.time_local:  # ids that mix steps: the policy searches
+        if COMMITTED not in batch:
             return batch
         if batch.get(NORMALIZED):
             raise ValueError(
                 "committed actions are raw actions; run the policy through its own pipeline, not LeRobot's"
             )
+        if not self.tokenizer.time_local:  # ids that mix the chunk's steps: the policy searches its chunks instead
+            return batch
         dim, offset = len(np.atleast_1d(self.action.scale)), None
         if self.relative is not None:
             offset = _state_offset(batch, self.relative.mask, self.relative.action_state_dims)[:, 0]  # [B, D]
