@@ -485,9 +485,19 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"- No simulator-free quantity reaches |rho| >= {GOOD} in its expected direction in any pool.")
     for pool in dict.fromkeys(r["pool"] for r in tried):
         r = best(tried, pool, k=1)[0]
+        within = "" if r["within_rho"] is None else f"; within tokenizers {fmt(r['within_rho'])}"
+        alone = [t for t in rows if t["pool"] == pool and t["quantity"] == "tokenizer_only"]
+        alone_text = f"; the tokenizer alone {fmt(alone[0]['rho'])}" if alone else ""
         lines.append(
-            f"- best in {pool} ({r['n']} runs): {r['quantity']}, rho {fmt(r['rho'])} [{fmt(r['lo'])}, {fmt(r['hi'])}]"
+            f"- best in {pool} ({r['n']} runs): {r['quantity']}, rho {fmt(r['rho'])} [{fmt(r['lo'])}, "
+            f"{fmt(r['hi'])}]{within}{alone_text}"
         )
+    closed = [r for r in rows if r["quantity"] == "eval_tokens_per_chunk" and abs(r["rho"]) >= GOOD]
+    lines += [
+        f"- for reference, the ids per chunk decoded *in the closed loop* reach rho {fmt(r['rho'])} in {r['pool']} "
+        f"({r['n']} runs): a consequence of what the policy did in the simulator, not a simulator-free predictor"
+        for r in closed
+    ]
     return lines
 
 
