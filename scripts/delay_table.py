@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Closed-loop success behind a network delay: trained policies (one per training seed) evaluated by ``vla eval``'s
-delay model at several delays each way: synchronous, asked ahead, and asked ahead with the committed actions sent.
+delay model at several delays each way: synchronous, asked ahead, asked ahead with the committed actions sent, and
+asked every decode time with several replies on their way.
 
     python scripts/delay_table.py --policy s0=RUN0/policy --policy s1=RUN1/policy ... \\
-        [--env metaworld/push-v3] [--episodes 100] [--max-steps 200] [--delays 0,50,100,200] [--out results/delay]
+        [--env metaworld/push-v3] [--episodes 100] [--max-steps 200] [--delays 0,50,100,200] [--out results/delay] \\
+        [--schemes "when empty,ahead"]
     python scripts/delay_table.py --study results/STUDY [--work outputs/studies/STUDY] ...   # every finished run
 
 Each policy is evaluated with no delay at all (today's loop), then for each one-way delay D at a round trip of 2D
@@ -11,7 +13,9 @@ plus its decode time (``vla eval --delay-ms 2D --decode-ms ...``; the decode is 
 more with committed actions, so every delay of a policy is the same decode): holding until the reply (``when
 empty``), asking ahead (``--ahead``), and asking ahead with the actions that will run meanwhile sent along
 (``--ahead --commit``): a binning policy begins its chunk with their ids, a FAST policy keeps the decoded chunk
-nearest them (``VLAPolicy.commit_scheme``). Writes ``delay.json`` (every
+nearest them (``VLAPolicy.commit_scheme``); and asking ahead every decode time's worth of steps (``--ahead --every
+decode``), several replies on their way, as often as a server decoding one request at a time keeps up with.
+``--schemes`` runs some of them (the rows of the others already in the table are kept). Writes ``delay.json`` (every
 evaluation's settings and figures, with provenance; rewritten after each evaluation, and a stopped table of the
 same settings continues from it), ``README.md`` (mean success over the policies, each policy's,
 the steps held and the jump at the hand-over) and ``delay.png``.
@@ -32,8 +36,13 @@ from vla.evaluate import EVAL_SEED_START, evaluate
 from vla.io import atomic_write_text
 from vla.provenance import provenance
 
-# scheme: (ahead, commit)
-SCHEMES = {"when empty": (False, False), "ahead": (True, False), "ahead + commit": (True, True)}
+# scheme: (ahead, commit, every)
+SCHEMES = {
+    "when empty": (False, False, None),
+    "ahead": (True, False, None),
+    "ahead + commit": (True, True, None),
+    "every decode": (True, False, "decode"),
+}
 
 
 def commits(policy_dir: str) -> bool:
@@ -43,12 +52,15 @@ def commits(policy_dir: str) -> bool:
     return VLAPolicy.from_pretrained(policy_dir).commit_scheme is not None
 
 
-def settings(policy: str, delays: list[float]) -> list[tuple[str, float | None, bool, bool]]:
-    """``(scheme, round trip ms or None, ahead, commit)``: no delay, then every delay with each scheme the policy can
-    use."""
-    schemes = {k: v for k, v in SCHEMES.items() if not v[1] or commits(policy)}
-    delayed = [(scheme, 2 * d, ahead, commit) for d in delays for scheme, (ahead, commit) in schemes.items()]
-    return [("no delay", None, False, False), *delayed]
+def settings(
+    policy: str, delays: list[float], schemes: list[str] | None = None
+) -> list[tuple[str, float | None, tuple[bool, bool, str | None]]]:
+    """``(scheme, round trip ms or None, (ahead, commit, every))``: no delay, then every delay with each scheme of
+    ``schemes`` (default all) the policy can use."""
+    asked = {k: v for k, v in SCHEMES.items() if schemes is None or k in schemes}
+    usable = {k: v for k, v in asked.items() if not v[1] or commits(policy)}
+    delayed = [(scheme, 2 * d, how) for d in delays for scheme, how in usable.items()]
+    return [("no delay", None, (False, False, None)), *delayed]
 
 
 def run(
@@ -59,6 +71,7 @@ def run(
     delays: list[float],
     done: list[dict] | None = None,
     on_row: Callable[[list[dict]], None] | None = None,
+    schemes: list[str] | None = None,
 ) -> list[dict]:
     """Every policy's evaluations, each row handed to ``on_row`` (all rows so far) as it finishes; the rows in
     ``done`` (an earlier, stopped table of the same settings) are kept, not run again."""
@@ -68,7 +81,7 @@ def run(
         # measured by the first delayed evaluation without and with committed actions (a search decodes several
         # chunks), then given to the others (a resumed table keeps its own)
         decode = {SCHEMES[r["scheme"]][1]: r["decode_ms"] for r in mine if r["decode_ms"] is not None}
-        for scheme, round_trip, ahead, commit in settings(policy, delays):
+        for scheme, round_trip, (ahead, commit, every) in settings(policy, delays, schemes):
             each_way = None if round_trip is None else round_trip / 2
             if any((r["scheme"], r["delay_ms_each_way"]) == (scheme, each_way) for r in mine):
                 continue
@@ -81,6 +94,7 @@ def run(
                 delay_ms=round_trip,
                 decode_ms=decode.get(commit) if round_trip is not None else None,
                 ahead=ahead,
+                every=every,
                 commit=commit,
                 progress=False,
             )
@@ -91,7 +105,7 @@ def run(
                 "path": policy,
                 "scheme": scheme,
                 "delay_ms_each_way": each_way,
-                **{k: report.get(k) for k in ("success_rate", "episodes", "decode_ms", "delay_steps")},
+                **{k: report.get(k) for k in ("success_rate", "episodes", "decode_ms", "delay_steps", "every")},
                 **{k: report[k] for k in ("held_steps_mean", "switch_jump_mean", "step_change_mean", "mean_length")},
                 "successes": report["successes"],
             }
@@ -198,7 +212,8 @@ def markdown(cells: list[dict], args) -> str:
         "run and holds until the reply; *ahead*: it asks that many actions early and skips the reply's actions for "
         "the steps that ran meanwhile; *ahead + commit*: it also sends the actions that will run meanwhile, and the "
         "policy decodes its chunk after them (binning: its first ids forced; other tokenizers: the decoded chunk "
-        "nearest them of several, a search). The decode time is measured once per policy, and once more with "
+        "nearest them of several, a search); *every decode*: it asks ahead every decode time's worth of steps, several "
+        "replies on their way, each skipping the actions that ran meanwhile. The decode time is measured once per policy, and once more with "
         "committed actions. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "
         "chunks in brackets).",
         "",
@@ -227,7 +242,7 @@ def plot(cells: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = dict(zip(SCHEMES, ("s:", "o-", "^--")))
+    styles = dict(zip(SCHEMES, ("s:", "o-", "^--", "D-.")))
     for i, name in enumerate(dict.fromkeys(c["group"] for c in cells)):
         mine = [c for c in cells if c["group"] == name]
         colour = colours[i % len(colours)]
@@ -260,6 +275,9 @@ def main() -> None:
     parser.add_argument("--delays", default="0,50,100,200", help="one-way delays in ms")
     parser.add_argument("--out", type=Path, default=Path("results/delay"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--schemes", default=",".join(SCHEMES), help=f"comma list of the schemes to run (of: {', '.join(SCHEMES)})"
+    )
     args = parser.parse_args()
     if args.study is not None:
         policies = study_policies(args.study, args.work)
@@ -270,6 +288,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     delays = [float(d) for d in args.delays.split(",")]
+    schemes = [s.strip() for s in args.schemes.split(",")]
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown:
+        parser.error(f"--schemes: unknown {', '.join(map(repr, unknown))}; the schemes: {', '.join(SCHEMES)}")
     done = earlier_rows(args.out / "delay.json", args.env, args.episodes, args.max_steps, policies, delays)
 
     def write(rows: list[dict]) -> None:  # after every evaluation: a stopped table loses one evaluation at most
@@ -279,7 +301,7 @@ def main() -> None:
         atomic_write_text(args.out / "README.md", markdown(cells, args))
         plot(cells, args.out / "delay.png")
 
-    write(run(policies, args.env, args.episodes, args.max_steps, delays, done, on_row=write))
+    write(run(policies, args.env, args.episodes, args.max_steps, delays, done, on_row=write, schemes=schemes))
     print(f"wrote {args.out}/delay.json, README.md and delay.png")
 
 

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import assert_plot, train_micro_policy
 from vla.tokenizer_choice import tokenizer_config
 
@@ -39,8 +41,10 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
 
     record = json.loads((out / "delay.json").read_text())
     schemes = {name: [r["scheme"] for r in record["rows"] if r["policy"] == name] for name in ("b", "f")}
-    assert schemes["b"] == ["no delay"] + ["when empty", "ahead", "ahead + commit"] * 2
-    assert schemes["f"] == ["no delay"] + ["when empty", "ahead"] * 2
+    assert schemes["b"] == ["no delay"] + ["when empty", "ahead", "ahead + commit", "every decode"] * 2
+    assert schemes["f"] == ["no delay"] + ["when empty", "ahead", "every decode"] * 2
+    every = [r for r in record["rows"] if r["scheme"] == "every decode"]
+    assert all(r["every"] >= 1 for r in every) and all(r["every"] is None for r in record["rows"] if r not in every)
     for name in ("b", "f"):
         for commit in (False, True):
             decodes = {
@@ -63,9 +67,9 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     monkeypatch.setattr(module, "evaluate", lambda *a, **k: calls.append(k["delay_ms"]) or evaluate(*a, **k))
     monkeypatch.setattr(sys, "argv", argv + ["--max-steps", "8", "--delays", "0,25,50", "--out", str(out)])
     module.main()  # a longer table continues the one written: only the new delay is evaluated
-    assert calls == [100.0] * 5  # 50 ms each way: bin's three schemes, FAST's two
+    assert calls == [100.0] * 7  # 50 ms each way: bin's four schemes, FAST's three
     again = json.loads((out / "delay.json").read_text())
-    assert again["rows"][: len(record["rows"])] == record["rows"] and len(again["rows"]) == len(record["rows"]) + 5
+    assert again["rows"][: len(record["rows"])] == record["rows"] and len(again["rows"]) == len(record["rows"]) + 7
     assert {r["decode_ms"] for r in again["rows"] if r["policy"] == "b" and r["decode_ms"]} == decodes_b
 
     calls.clear()  # a shorter table: only the rows asked now are kept, and nothing is run again
@@ -74,7 +78,23 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     )
     module.main()
     kept = json.loads((out / "delay.json").read_text())["rows"]
-    assert calls == [] and [(r["policy"], r["delay_ms_each_way"]) for r in kept] == [("b", None)] + [("b", 50.0)] * 3
+    assert calls == [] and [(r["policy"], r["delay_ms_each_way"]) for r in kept] == [("b", None)] + [("b", 50.0)] * 4
+
+    # --schemes runs only those asked; the rows of the others stay
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        argv[:3]
+        + ["--episodes", "1", "--max-steps", "8", "--delays", "50,75"]
+        + ["--out", str(out), "--schemes", "ahead"],
+    )
+    module.main()
+    rows = json.loads((out / "delay.json").read_text())["rows"]
+    assert calls == [150.0] and [r["scheme"] for r in rows if r["delay_ms_each_way"] == 75.0] == ["ahead"]
+    assert len([r for r in rows if r["delay_ms_each_way"] == 50.0]) == 4
+    monkeypatch.setattr(sys, "argv", argv + ["--schemes", "sideways", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        module.main()
 
 
 def test_a_study_runs_own_evaluation_is_the_no_delay_row(tiny_dataset_root, tmp_path, monkeypatch):
@@ -94,7 +114,7 @@ def test_a_study_runs_own_evaluation_is_the_no_delay_row(tiny_dataset_root, tmp_
     monkeypatch.setattr(sys, "argv", ["delay_table.py", *args])
     module.main()
     rows = json.loads((out / "delay.json").read_text())["rows"]
-    assert None not in calls and len(calls) == 3  # the three delayed schemes only
+    assert None not in calls and len(calls) == 4  # the four delayed schemes only
     assert rows[0]["scheme"] == "no delay" and rows[0]["successes"] == saved["successes"]
     calls.clear()
     monkeypatch.setattr(

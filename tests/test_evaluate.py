@@ -1,5 +1,6 @@
 """Closed-loop evaluation with a tiny (untrained) policy, and the demo's quick mode end to end."""
 
+import argparse
 import json
 import math
 
@@ -220,6 +221,23 @@ def test_evaluation_behind_a_delay(tiny_policy, tmp_path):
         evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, ahead=True, progress=False)
     with pytest.raises(ValueError, match="--delay-ms must be a time in milliseconds"):
         evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, delay_ms=-5, progress=False)
+
+
+def test_evaluation_asking_every_decode_keeps_several_replies_on_their_way(tiny_policy):
+    # 12.5 ms of decode at 80 Hz is 1 control step (no network). Asked ahead with one reply on its way, a 4-action
+    # chunk is asked for when 1 action remains and lands with its first skipped: a chunk every 3 steps, 6 in 16.
+    # Asked every decode (1 step): a chunk every step, 16, each landing 1 step after its observation, never a hold.
+    common = dict(episodes=1, max_steps=16, delay_ms=0, decode_ms=12.5, ahead=True, progress=False)
+    one = evaluate.evaluate(tiny_policy, "metaworld/push-v3", **common)
+    several = evaluate.evaluate(tiny_policy, "metaworld/push-v3", every="decode", **common)
+    assert one["chunks"] == 6 and several["chunks"] == 16 and several["held_steps_mean"] == 0
+    assert several["every"] == 1 and several["request"] == "ahead, every 1 step"
+    assert several["provenance"]["config"]["eval"]["every"] == "decode"
+    with pytest.raises(ValueError, match="it needs --ahead"):
+        evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, delay_ms=0, every=2, progress=False)
+    assert evaluate._every("decode") == "decode" and evaluate._every("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match="'decode'"):
+        evaluate._every("0")
 
 
 def test_evaluation_given_a_training_runs_folder_names_the_policy_inside_it(tiny_policy, capsys):

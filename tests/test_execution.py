@@ -195,3 +195,42 @@ def test_a_delayed_queue_names_the_actions_that_run_while_a_reply_is_on_its_way(
     sync = DelayedQueue(None, delay_steps=3, ahead=False)
     sync.add(chunk)
     assert sync.committed() is None
+
+
+def test_requests_every_k_steps_keep_several_on_their_way_and_each_skips_what_ran_meanwhile():
+    # A 3-step delay, a request every 2 steps, chunks of 6: after the first chunk (at once), replies asked at steps
+    # 2, 4, 6, ... land at 5, 7, 9, ..., each skipping the 3 actions that ran while it was on its way; no hold, and
+    # every action runs 3-4 steps after the observation it was predicted from (one reply at a time: up to 2 x 3).
+    ran = _trace(DelayedQueue(None, 3, ahead=True, every=2), 12)
+    assert ran == [0, 1, 2, 3, 4, 203, 204, 403, 404, 603, 604, 803]
+
+
+def test_requests_every_k_steps_without_delay_is_a_queue_of_k_actions():
+    assert _trace(DelayedQueue(None, 0, ahead=True, every=3), 10) == _trace(ChunkQueue(3), 10)
+
+
+def test_requests_every_k_steps_hold_when_a_chunk_is_short_of_the_delay_plus_k():
+    # A 4-step delay, every 3 steps, chunks of 6 (< 4 + 3): the first chunk ends a step before the reply asked at
+    # step 3 lands (step 7); the robot holds once, and that reply skips only the 3 actions that ran (it goes on from
+    # where the robot stopped), so later replies land in time.
+    ran = _trace(DelayedQueue(None, 4, ahead=True, every=3), 13)
+    assert ran == [0, 1, 2, 3, 4, 5, None, 303, 304, 305, 603, 604, 605]
+
+
+def test_every_k_steps_needs_ahead_and_k_of_one_or_more():
+    for kwargs in ({"ahead": False, "every": 2}, {"ahead": True, "every": 0}):
+        with pytest.raises(ValueError, match="every"):
+            DelayedQueue(None, 3, **kwargs)
+
+
+def test_committed_actions_with_several_replies_on_their_way_stop_where_the_next_lands():
+    chunk = np.arange(10, dtype=np.float64)[:, None]
+    queue = DelayedQueue(None, delay_steps=4, ahead=True, every=2)
+    queue.add(chunk)
+    queue.pop(), queue.pop()
+    assert queue.needs_chunk()
+    np.testing.assert_array_equal(queue.committed(), chunk[2:6])  # nothing on its way: the next 4 run
+    queue.add(chunk + 100)  # lands in 4 steps
+    queue.pop(), queue.pop()
+    assert queue.needs_chunk()
+    np.testing.assert_array_equal(queue.committed(), chunk[4:6])  # the reply on its way lands after 2 of them

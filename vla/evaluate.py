@@ -176,6 +176,7 @@ def evaluate(
     delay_ms: float | None = None,
     decode_ms: float | None = None,
     ahead: bool = False,
+    every: int | str | None = None,
     commit: bool = False,
     out_dir: str | Path | None = None,
     progress: bool = True,
@@ -189,11 +190,10 @@ def evaluate(
     the decode time (``decode_ms``, measured on the first evaluation observation when not given) after the
     observation it answers, converted to control steps at the simulator's rate, while the simulator keeps stepping
     (``vla.execution.DelayedQueue``: the robot holds until the reply, or with ``ahead`` asks that many actions early;
-    ``commit`` sends the actions that will run meanwhile with each request, and the policy decodes after them).
-    None is no delay at all; ``delay_ms=0, decode_ms=0`` gives the same episodes."""
-    _check_settings(episodes, num_envs, gif_episodes, out_dir, delay_ms, decode_ms, ahead, seed_start)
-    if commit and not ahead:
-        raise ValueError("--commit sends the actions that run while a reply is on its way: it needs --ahead")
+    ``every`` steps (``"decode"``: the decode's), several replies on their way; ``commit`` sends the actions that
+    will run meanwhile with each request). None is no delay at all; ``delay_ms=0, decode_ms=0`` gives the same."""
+    _check_settings(episodes, num_envs, gif_episodes, out_dir, seed_start)
+    _check_delay(delay_ms, decode_ms, ahead, every, commit)
     policy, policy_dir, recording, env_options = _loaded(policy, env_options)
     if commit and policy.commit_scheme is None:  # refused now, not at the first request
         raise ValueError(REFUSES_COMMITTED.format(name=policy.action_tokenizer.name))
@@ -212,7 +212,7 @@ def evaluate(
     delay = None
     if delay_ms is not None:
         decode_ms = decode_time(runner, envs[0], seed_start, commit=commit) if decode_ms is None else decode_ms
-        delay = _delay(delay_ms, decode_ms, ahead, envs[0].fps, config.time_horizon, commit)
+        delay = _delay(delay_ms, decode_ms, ahead, envs[0].fps, config.time_horizon, commit, every)
     frames: dict[int, list[np.ndarray]] = {}
     with _closing(envs), _bar(progress, len(episode_list), f"eval {env_name}") as bar:
         results = run_episodes(
@@ -224,6 +224,7 @@ def evaluate(
             obs_steps=config.n_obs_steps,
             delay_steps=delay["delay_steps"] if delay else 0,
             ahead=ahead,
+            every=delay.get("every") if delay else None,
             commit=commit,
             on_step=_gif_frames(frames, gif_episodes, list(config.image_keys)),
             on_episode=(lambda r: bar.update(1)) if bar else None,
@@ -231,6 +232,7 @@ def evaluate(
     common = _decoding(runner, n_action_steps, ensemble, config.num_beams, len(envs)) | (delay or {})
     report = _report(results, names, env_name, episodes, seed_start, common)
     delayed = {} if delay_ms is None else dict(delay_ms=delay_ms, decode_ms=decode_ms, ahead=ahead, commit=commit)
+    delayed |= {"every": every} if every is not None else {}
     run = dict(n_action_steps=n_action_steps, ensemble=ensemble, num_beams=config.num_beams, max_steps=max_steps)
     settings = dict(env=env_name, episodes=episodes, seed_start=seed_start, **run, num_envs=num_envs)
     report["provenance"] = eval_provenance(policy_dir, {**settings, "env_options": env_options, **delayed})
@@ -282,9 +284,6 @@ def _check_settings(
     num_envs: int,
     gif_episodes: int,
     out_dir: str | Path | None,
-    delay_ms: float | None,
-    decode_ms: float | None,
-    ahead: bool,
     seed_start: int,
 ) -> None:
     """The settings that need no policy, checked before one is loaded."""
@@ -296,6 +295,14 @@ def _check_settings(
         raise ValueError(
             f"--out {out_dir} is a file; eval writes a folder (eval_info.json, rollouts.gif): pass a folder"
         )
+    if seed_start < EVAL_SEED_START:
+        raise ValueError(f"evaluation seeds start at {EVAL_SEED_START}; {seed_start} could overlap training seeds")
+
+
+def _check_delay(
+    delay_ms: float | None, decode_ms: float | None, ahead: bool, every: int | str | None, commit: bool
+) -> None:
+    """The delay's settings, checked before a policy is loaded."""
     for name, value in (("delay_ms", delay_ms), ("decode_ms", decode_ms)):
         if value is not None and not (np.isfinite(value) and 0 <= value <= MAX_DELAY_MS):
             raise ValueError(
@@ -303,8 +310,12 @@ def _check_settings(
             )
     if (decode_ms is not None or ahead) and delay_ms is None:
         raise ValueError("--decode-ms and --ahead model a delayed reply: give --delay-ms too (0 for decoding only)")
-    if seed_start < EVAL_SEED_START:
-        raise ValueError(f"evaluation seeds start at {EVAL_SEED_START}; {seed_start} could overlap training seeds")
+    if every is not None and not ahead:
+        raise ValueError("--every asks ahead every K steps, several replies on their way: it needs --ahead")
+    if every is not None and every != "decode" and not (isinstance(every, int) and every >= 1):
+        raise ValueError(f"--every is a number of control steps >= 1 or 'decode', got {every!r}")
+    if commit and not ahead:
+        raise ValueError("--commit sends the actions that run while a reply is on its way: it needs --ahead")
 
 
 def _loaded(
@@ -351,19 +362,36 @@ def _make_envs(
 
 
 def _delay(
-    delay_ms: float, decode_ms: float, ahead: bool, fps: int, time_horizon: int, commit: bool = False
+    delay_ms: float,
+    decode_ms: float,
+    ahead: bool,
+    fps: int,
+    time_horizon: int,
+    commit: bool = False,
+    every: int | str | None = None,
 ) -> dict[str, Any]:
     """The report's delay fields: the round trip and decode in milliseconds, the control steps they last at ``fps``
-    and when the next chunk is asked for."""
+    and when the next chunk is asked for (``every``: a number of steps, ``"decode"`` resolved to the decode's)."""
     delay_steps = math.ceil((delay_ms + decode_ms) * fps / 1000 - 1e-9)
-    if ahead and delay_steps >= time_horizon:
+    if every == "decode":
+        every = max(1, math.ceil(decode_ms * fps / 1000 - 1e-9))
+    if every is not None and delay_steps + every > time_horizon:
+        print(
+            f"WARNING: asked every {every} steps, a reply must cover its {delay_steps} steps on the way plus {every}, "
+            f"but a chunk holds {time_horizon} actions: the robot holds at the end of each chunk; ask more often "
+            "(a smaller --every), or use a policy with longer chunks"
+        )
+    elif ahead and every is None and delay_steps >= time_horizon:
         print(
             f"WARNING: a reply arrives {delay_steps} control steps after its observation, but a chunk holds "
             f"{time_horizon} actions: with --ahead every reply is stale when it lands and the robot holds "
             "after its first chunk; use a policy with longer chunks, or evaluate without --ahead"
         )
     request = ("ahead, with the committed actions" if commit else "ahead") if ahead else "when empty"
-    return dict(delay_ms=delay_ms, decode_ms=decode_ms, delay_steps=delay_steps, request=request)
+    if every is not None:
+        request += f", every {every} step" + ("s" if every != 1 else "")
+    out = dict(delay_ms=delay_ms, decode_ms=decode_ms, delay_steps=delay_steps, request=request)
+    return out if every is None else {**out, "every": every}
 
 
 def _gif_frames(frames: dict[int, list[np.ndarray]], gif_episodes: int, image_keys: list[str]):
@@ -540,6 +568,15 @@ def add_cli(subparsers) -> None:
         "the reply's actions for the steps that ran meanwhile (default: ask when the chunk runs out, hold)",
     )
     p.add_argument(
+        "--every",
+        type=_every,
+        default=None,
+        metavar="K",
+        help="with --ahead: ask every K control steps, several replies on their way, so that a chunk needs the "
+        "delay plus K actions rather than twice the delay; 'decode': every decode time's worth of steps, as often as "
+        "a server decoding one request at a time keeps up with (default: one reply on its way at a time)",
+    )
+    p.add_argument(
         "--commit",
         action="store_true",
         help="with --ahead: send the actions that will run while the reply is on its way with each request, and "
@@ -548,6 +585,19 @@ def add_cli(subparsers) -> None:
     p.add_argument("--gif", type=int, default=0, help="save a GIF of this many episodes (policies with a camera)")
     p.add_argument("--out", type=Path, default=None, help="folder for eval_info.json (default: beside the policy)")
     p.set_defaults(func=_run)
+
+
+def _every(text: str) -> int | str:
+    """``--every``: a number of control steps >= 1, or ``decode``."""
+    if text == "decode":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a number of control steps >= 1, or 'decode'; got {text!r}")
+    return value
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -567,6 +617,7 @@ def _run(args: argparse.Namespace) -> int:
         delay_ms=args.delay_ms,
         decode_ms=args.decode_ms,
         ahead=args.ahead,
+        every=args.every,
         commit=args.commit,
         out_dir=out,
     )

@@ -118,73 +118,89 @@ class DelayedQueue:
       ``n_action_steps`` when the reply is late, then the robot holds); the reply's first actions are for the actions
       that ran while it was on its way (``committed``), and as many are skipped: ``delay_steps``, or fewer when the
       running chunk ran out first and the robot held (it paused; the reply goes on from where it stopped).
+    * ``every=k`` (with ``ahead``): ask every ``k`` steps whatever is on its way, so that several replies are in
+      flight when ``k < delay_steps``; each one replaces the running chunk when it lands, its first actions skipped as
+      above. A chunk then needs ``delay_steps + k`` actions, not twice the delay, and each action runs at most
+      ``delay_steps + k`` steps after the observation it was predicted from. ``n_action_steps`` plays no part.
 
-    With ``delay_steps = 0`` both are exactly ``ChunkQueue``. ``switched`` says whether the last ``pop`` ran the first
-    action of a new chunk (for the jump at the hand-over).
+    With ``delay_steps = 0`` the first two are exactly ``ChunkQueue``. ``switched`` says whether the last ``pop`` ran
+    the first action of a new chunk (for the jump at the hand-over).
     """
 
-    def __init__(self, n_action_steps: int | None, delay_steps: int, ahead: bool = False) -> None:
+    def __init__(self, n_action_steps: int | None, delay_steps: int, ahead: bool = False, every: int | None = None):
         if n_action_steps is not None and n_action_steps < 1:
             raise ValueError(f"n_action_steps must be at least 1 (or None for whole chunks), got {n_action_steps}")
         if delay_steps < 0:
             raise ValueError(f"a delay is a number of control steps >= 0, got {delay_steps}")
+        if every is not None and (every < 1 or not ahead):
+            raise ValueError(
+                f"every = {every}: a request every k >= 1 steps, with several on their way, is a way of asking "
+                "ahead; pass ahead=True and k >= 1 (or every=None)"
+            )
         self.n_action_steps, self.delay_steps, self.ahead = n_action_steps, int(delay_steps), bool(ahead)
+        self.every = every
         self.reset()
 
     def reset(self) -> None:
         self._chunk: Any = None  # the chunk running now, its skipped actions already cut off
         self._next = 0  # index of its next action
         self._stop = 0  # its planned actions end here (n_action_steps); later ones run only while a reply is late
-        self._reply: Any = None  # the chunk on its way
-        self._wait = 0  # steps until it arrives
-        self._skip = 0  # its first actions to drop on arrival (ahead: the actions that ran while it was on its way)
+        self._replies: list[list] = []  # [chunk, steps until it lands, actions run when it was asked], oldest first
+        self._ran = 0  # actions run this episode
+        self._since = 0  # steps since the last request
         self._new = False  # the running chunk's first action has not run yet
         self.switched = False
 
     def _deliver(self) -> None:
-        if self._reply is None or self._wait > 0:
-            return
-        chunk = self._reply[..., self._skip :, :]
-        self._reply = None
-        self._chunk, self._next, self._new = chunk, 0, True
-        self._stop = min(chunk.shape[-2], self.n_action_steps or chunk.shape[-2])
+        while self._replies and self._replies[0][1] <= 0:
+            chunk, _, ran = self._replies.pop(0)
+            skip = self._ran - ran if self.ahead else 0  # the actions that ran while it was on its way
+            self._chunk, self._next, self._new = chunk[..., skip:, :], 0, True
+            size = self._chunk.shape[-2]
+            self._stop = size if self.every else min(size, self.n_action_steps or size)
 
     def needs_chunk(self) -> bool:
         self._deliver()
-        if self._reply is not None:
+        if self._chunk is None:
+            return not self._replies
+        if self.every:
+            return self._since >= self.every or (not self._replies and self._next >= self._chunk.shape[-2])
+        if self._replies:
             return False
-        left = self._stop - self._next if self._chunk is not None else 0
-        return left <= (self.delay_steps if self.ahead and self._chunk is not None else 0)
+        return self._stop - self._next <= (self.delay_steps if self.ahead else 0)
 
     def committed(self) -> Any:
-        """The actions that will run while a reply asked for now is on its way: with ``ahead``, the running chunk's
-        next ``delay_steps`` (fewer when it ends first: the robot then holds), ``[d, D]``; none otherwise (the robot
+        """The actions that will run while a reply asked for now is on its way, as far as they are known: with
+        ``ahead``, the running chunk's next ``delay_steps`` (fewer when it ends first: the robot then holds, or when a
+        reply already on its way lands first: its actions are not known yet), ``[d, D]``; none otherwise (the robot
         holds), and none before the first chunk."""
         if not self.ahead or self._chunk is None:
             return None
-        return self._chunk[..., self._next : self._next + self.delay_steps, :]
+        known = min([self.delay_steps] + [wait for _, wait, _ in self._replies])
+        return self._chunk[..., self._next : self._next + known, :]
 
     def add(self, chunk: Any) -> None:
         """A chunk predicted from the current step's observation; it arrives ``delay_steps`` steps from now."""
-        first = self._chunk is None
-        self._reply, self._wait = chunk, 0 if first else self.delay_steps
-        left = 0 if first else self._chunk.shape[-2] - self._next  # the running chunk's actions not yet run
-        self._skip = min(self.delay_steps, left) if self.ahead else 0  # those that run before it lands
+        first = self._chunk is None and not self._replies
+        self._replies.append([chunk, 0 if first else self.delay_steps, self._ran])
+        self._since = 0
         self._deliver()
 
     def pop(self) -> Any:
         """The current step's action ``[..., D]``, or None when the robot holds; then one step on."""
         self._deliver()
         action, self.switched = None, False
-        running_on = self.ahead and self._reply is not None  # a late reply: the rest of the chunk runs meanwhile
+        running_on = self.ahead and self._replies  # a late reply: the rest of the chunk runs meanwhile
         if self._chunk is not None and (self._next < self._stop or (running_on and self._next < self._chunk.shape[-2])):
             action = self._chunk[..., self._next, :]
             self.switched, self._new = self._new, False
             self._next += 1
-        elif self._chunk is None and self._reply is None:
+            self._ran += 1
+        elif self._chunk is None and not self._replies:
             raise RuntimeError("no action left: add a chunk first (needs_chunk() says when)")
-        if self._reply is not None:
-            self._wait -= 1
+        for reply in self._replies:
+            reply[1] -= 1
+        self._since += 1
         return action
 
 
@@ -206,17 +222,24 @@ class StateHistory:
 
 
 def executor(
-    n_action_steps: int | None, ensemble: float | None, delay_steps: int = 0, ahead: bool = False
+    n_action_steps: int | None,
+    ensemble: float | None,
+    delay_steps: int = 0,
+    ahead: bool = False,
+    every: int | None = None,
 ) -> ChunkQueue | TemporalEnsemble | DelayedQueue:
     """The queue for ``ensemble=None`` (a ``DelayedQueue`` when replies take ``delay_steps`` > 0 or are asked
-    ``ahead``); else a temporal ensemble asking every ``n_action_steps`` (default 1)."""
+    ``ahead``, every ``every`` steps when given); else a temporal ensemble asking every ``n_action_steps`` (default
+    1)."""
     if ensemble is not None and (delay_steps or ahead):
         raise ValueError(
             "a temporal ensemble with a reply delay is not supported: drop --temporal-ensemble, or run "
             "with --delay-ms 0"
         )
     if ensemble is None:
-        return DelayedQueue(n_action_steps, delay_steps, ahead) if delay_steps or ahead else ChunkQueue(n_action_steps)
+        if delay_steps or ahead:
+            return DelayedQueue(n_action_steps, delay_steps, ahead, every)
+        return ChunkQueue(n_action_steps)
     return TemporalEnsemble(ensemble, every=n_action_steps or 1)
 
 

@@ -152,6 +152,7 @@ def run_episodes(
     obs_steps: int = 1,
     delay_steps: int = 0,
     ahead: bool = False,
+    every: int | None = None,
     commit: bool = False,
     on_step: Callable[[int, dict[str, Any], np.ndarray], None] | None = None,
     on_episode: Callable[[EpisodeResult], None] | None = None,
@@ -170,8 +171,9 @@ def run_episodes(
 
     ``delay_steps = d`` delivers each chunk d steps after the observation it was predicted from (the episode's first
     at once), the envs stepping meanwhile: synchronous (the robot holds until the reply) or, with ``ahead``, asked d
-    actions early with the reply's first d actions skipped (``vla.execution.DelayedQueue``). d = 0 (and not
-    ``ahead``) is exactly the loop without a delay. With ``commit`` (and ``ahead``) each request carries the actions
+    actions early with the reply's first d actions skipped (``vla.execution.DelayedQueue``), and with ``every = k``
+    asked every k steps with several replies on their way. d = 0 (and not ``ahead``) is exactly the loop without a
+    delay. With ``commit`` (and ``ahead``) each request carries the actions
     that will run while it is on its way (``COMMITTED``, raw ``[d, D]``), for committed-prefix decoding.
 
     ``on_step(k, obs, action)`` sees each action before it runs on the episode of ``seeds[k]`` (every observation
@@ -181,7 +183,7 @@ def run_episodes(
     """
     if not envs:
         raise ValueError("run_episodes needs at least one env")
-    executor(n_action_steps, ensemble, delay_steps, ahead)  # bad settings fail here, before any env resets
+    executor(n_action_steps, ensemble, delay_steps, ahead, every)  # bad settings fail here, before any env resets
     if commit and not ahead:
         raise ValueError("committed actions exist only when the next chunk is asked for ahead: pass ahead=True")
     episodes = [(s[0], int(s[1])) if isinstance(s, tuple) else (None, int(s)) for s in seeds]
@@ -199,7 +201,8 @@ def run_episodes(
             return
         pending.remove(k)
         history = StateHistory(obs_steps) if obs_steps > 1 else None
-        running[e] = _Running(k, {}, executor(n_action_steps, ensemble, delay_steps, ahead), history)
+        queue = executor(n_action_steps, ensemble, delay_steps, ahead, every)
+        running[e] = _Running(k, {}, queue, history)
         running[e].observe(envs[e].reset(episodes[k][1]))
 
     for e in range(len(envs)):
