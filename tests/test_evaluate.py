@@ -235,6 +235,8 @@ def test_evaluation_asking_every_decode_keeps_several_replies_on_their_way(tiny_
     assert several["provenance"]["config"]["eval"]["every"] == "decode"
     with pytest.raises(ValueError, match="it needs --ahead"):
         evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=1, delay_ms=0, every=2, progress=False)
+    with pytest.raises(ValueError, match="--commit with --every"):
+        evaluate.evaluate(tiny_policy, "metaworld/push-v3", 1, delay_ms=0, ahead=True, every=2, commit=True)
     assert evaluate._every("decode") == "decode" and evaluate._every("3") == 3
     with pytest.raises(argparse.ArgumentTypeError, match="'decode'"):
         evaluate._every("0")

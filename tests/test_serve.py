@@ -478,6 +478,55 @@ def test_overlapped_requests_carry_the_actions_that_run_while_they_are_on_their_
         assert len(inner.sent) >= 2 and all("committed_actions" not in o for o in inner.sent)
 
 
+def test_executor_asking_every_k_ticks_keeps_several_requests_on_their_way():
+    """Every 2 ticks a request leaves on a free connection while earlier ones are still on their way (a 4-tick round
+    trip): about one request per 2 ticks, the actions run are the ones meant for their ticks (stale ones dropped),
+    and a chunk of 8 (the round trip plus 2, with room) leaves the robot holding only at the start."""
+    inner = TickPolicy(delay_s=0.02, size=8)  # 4 ticks at 200 Hz
+    executor = ChunkExecutor([inner] * 4, control_hz=200, every=2)
+    actions = run_ticks(executor, 60)
+    fresh = actions == np.arange(1, 61)
+    held = np.r_[False, actions[1:] == actions[:-1]]
+    assert (fresh | held).all() and (actions != 0).all()
+    s = executor.stats
+    assert 20 <= s.requests <= 31 and s.chunks >= 15 and s.errors == 0  # 60 ticks / 2, less the first chunk's wait
+    assert fresh.sum() >= 30  # mostly fresh (how much depends on the machine's load: threads, timers)
+    executor.close()
+
+
+class SlowFirst(TickPolicy):
+    """The first request of an episode takes ``slow_s``, the others ``delay_s``: its reply lands after later ones."""
+
+    def __init__(self, delay_s: float, slow_s: float, size: int = 10):
+        super().__init__(delay_s, size)
+        self.slow_s = slow_s
+
+    def infer(self, obs: dict) -> dict:
+        if obs["tick"] != 3:
+            return super().infer(obs)
+        time.sleep(self.slow_s)
+        return {"actions": np.full((self.size, 2), -1.0)}  # marked: never meant to run
+
+
+def test_a_reply_that_lands_after_a_later_requests_is_dropped():
+    inner = SlowFirst(delay_s=0.005, slow_s=0.1, size=40)
+    executor = ChunkExecutor([inner] * 4, control_hz=200, every=2)
+    actions = run_ticks(executor, 50)
+    # the reply asked at tick 3 lands ~20 ticks late, after the replies asked after it: never adopted
+    assert (actions > 0).all() and executor.stats.requests >= 15
+    executor.close()
+
+
+def test_every_needs_the_overlapped_mode_and_refuses_committed_actions():
+    with pytest.raises(ValueError, match="overlapped mode"):
+        ChunkExecutor([Recorder()], control_hz=200, every=2, mode="sync")
+    with pytest.raises(ValueError, match="overlapped mode"):
+        ChunkExecutor([], control_hz=200, every=2)
+    executor = ChunkExecutor([Recorder(), Recorder()], control_hz=200, every=2)
+    assert not executor.commit  # which actions run before a reply lands is not known when it is asked
+    executor.close()
+
+
 def test_sync_executor_holds_while_waiting_and_restarts_chunks():
     inner = TickPolicy(delay_s=0.02, size=5)
     executor = ChunkExecutor(inner, control_hz=200, mode="sync")

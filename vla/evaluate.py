@@ -316,6 +316,11 @@ def _check_delay(
         raise ValueError(f"--every is a number of control steps >= 1 or 'decode', got {every!r}")
     if commit and not ahead:
         raise ValueError("--commit sends the actions that run while a reply is on its way: it needs --ahead")
+    if commit and every is not None:
+        raise ValueError(
+            "--commit with --every: with several replies on their way, which actions run before a reply lands is not "
+            "known when it is asked (a robot cannot know when each lands); use one or the other"
+        )
 
 
 def _loaded(

@@ -12,6 +12,10 @@ as far apart as in training) and sends them as ``[n, S]``, oldest first, with ea
 With ``commit`` (the default when the server's policy decodes after them: ``metadata["policy"]["committed_actions"]``)
 an overlapped request carries the actions the robot will run while it is on its way (``committed_actions``: what is
 left of the current chunk), and the chunk that comes back begins with them (committed-prefix decoding).
+With ``every=K`` (overlapped) a request leaves every K ticks whether or not the last one has landed, several on their
+way, each on a connection of its own (``infer`` a list of clients: openpi's protocol answers one request at a time per
+connection); each reply replaces the running chunk when it lands, unless a later request's reply landed first, so a
+chunk need cover only the round trip plus K ticks (``vla eval --every``'s simulated twin).
 ``mode="sync"`` is the baseline (openpi's ``ActionChunkBroker`` in a real-time world): ask only when the chunk is used
 up, hold the last action while waiting, execute the new chunk from its start. A failed request (server down) counts
 as an error, the last action is held, and the request is sent again on the next tick.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import queue
 import threading
 import time
 from collections import deque
@@ -83,7 +88,8 @@ class ExecutorStats:
 class ChunkExecutor:
     """Executes action chunks at the control rate, asking for the next while ``k`` actions are left.
 
-    ``infer``: a ``PolicyClient`` (or any ``obs -> {"actions": [T, D], ...}`` callable / object with ``infer``).
+    ``infer``: a ``PolicyClient`` (or any ``obs -> {"actions": [T, D], ...}`` callable / object with ``infer``), or a
+    list of them: as many requests on their way at once (``every``), each on its own.
     ``control_hz``: the robot's control rate (ticks per second), used to turn round trips into ticks for ``k=None``.
     ``k``: ask for the next chunk when this many actions are left (``None``: the measured round trip in ticks, plus
     one, from a running median; half the chunk before the first measurement). ``horizon``: the most actions used from
@@ -93,7 +99,9 @@ class ChunkExecutor:
     above 1 each request carries the episode's last n states ``[n, S]`` (see the module docstring), read from
     ``state_key`` (default: the first of ``STATE_KEYS`` the observation holds; name yours if ``vla serve --key``
     renames it). ``commit``: send the committed actions with each overlapped request (``None``: when the server's
-    metadata says its policy decodes after them).
+    metadata says its policy decodes after them). ``every``: with ``mode="overlapped"``, ask every ``every`` ticks,
+    several requests on their way (one per client of ``infer``; a tick with none free asks on the next), instead of
+    when ``k`` actions are left.
     """
 
     def __init__(
@@ -108,11 +116,19 @@ class ChunkExecutor:
         n_obs_steps: int | None = None,
         state_key: str | None = None,
         commit: bool | None = None,
+        every: int | None = None,
     ):
         if mode not in ("overlapped", "sync"):
             raise ValueError(f"mode must be 'overlapped' or 'sync', got {mode!r}")
         if k is not None and k < 0:
             raise ValueError(f"k must be >= 0 (or None for automatic), got {k}")
+        clients = list(infer) if isinstance(infer, (list, tuple)) else [infer]
+        if not clients or (every is not None and (every < 1 or mode != "overlapped")):
+            raise ValueError(
+                f"every = {every} with mode {mode!r} and {len(clients)} clients: asking every K >= 1 ticks is an "
+                "overlapped mode, with at least one client (one per request on its way)"
+            )
+        infer = clients[0]
         metadata = {}
         if n_obs_steps is None or commit is None:
             metadata = (infer.get_server_metadata() if hasattr(infer, "get_server_metadata") else {}) or {}
@@ -120,16 +136,21 @@ class ChunkExecutor:
             n_obs_steps = int(metadata.get("policy", {}).get("n_obs_steps", 1))
         if commit is None:
             commit = bool(metadata.get("policy", {}).get("committed_actions", False))
-        self.commit = bool(commit) and mode == "overlapped"  # a synchronous robot runs nothing while it waits
+        # a synchronous robot runs nothing while it waits; asked every K ticks, when the replies on their way land (and
+        # so which actions run) is not known ahead
+        self.commit = bool(commit) and mode == "overlapped" and every is None
         if n_obs_steps < 1:
             raise ValueError(f"n_obs_steps must be >= 1 (the states the policy reads), got {n_obs_steps}")
         self.n_obs_steps, self.state_key = n_obs_steps, state_key
-        self.infer = infer.infer if hasattr(infer, "infer") else infer
+        self._connections = len(clients)
+        self._free: queue.SimpleQueue = queue.SimpleQueue()  # the connections no request is using
+        for client in clients:
+            self._free.put(client.infer if hasattr(client, "infer") else client)
         self.control_hz = float(control_hz)
-        self.k, self.horizon, self.mode = k, horizon, mode
+        self.k, self.horizon, self.mode, self.every = k, horizon, mode, every
         self.first_chunk_timeout_s = first_chunk_timeout_s
         self.stats = ExecutorStats()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-chunk-request")
+        self._pool = concurrent.futures.ThreadPoolExecutor(len(clients), thread_name_prefix="vla-chunk-request")
         self._lock = threading.Lock()
         self._recent_rtt: deque[float] = deque(maxlen=9)
         self.executed_actions: list[np.ndarray] = []  # every action act() returned this episode
@@ -140,8 +161,12 @@ class ChunkExecutor:
         """Start an episode: forget the chunk and the last action; a reply still in flight is discarded."""
         with self._lock:
             self._epoch = getattr(self, "_epoch", 0) + 1
-            self._arrived: tuple[np.ndarray, int] | None = None  # a reply, and the actions run when it was asked
-        self._inflight: concurrent.futures.Future | None = None
+            # the latest reply, the actions run when it was asked, and its request's number (an older one never
+            # replaces a newer one)
+            self._arrived: tuple[np.ndarray, int, int] | None = None
+            self._asked = self._adopted = 0  # requests sent, and the number of the one adopted, this episode
+        self._inflight: list[concurrent.futures.Future] = []
+        self._since = 0  # ticks since the last request
         self._chunk: np.ndarray | None = None
         self._index = 0
         self._last: np.ndarray | None = None
@@ -158,16 +183,16 @@ class ChunkExecutor:
             start = time.perf_counter()
             deadline = start + self.first_chunk_timeout_s
             while self._chunk is None and time.perf_counter() < deadline:
-                if self._inflight is None:
+                if not self._inflight:
                     self._request(obs)
-                concurrent.futures.wait([self._inflight], timeout=max(deadline - time.perf_counter(), 0))
+                wait = max(deadline - time.perf_counter(), 0)
+                concurrent.futures.wait(self._inflight, timeout=wait, return_when=concurrent.futures.FIRST_COMPLETED)
                 self._adopt(fresh_start=True)
             self.stats.first_wait_ms.append((time.perf_counter() - start) * 1000)
             if self._chunk is None:
                 raise TimeoutError(f"no first chunk within {self.first_chunk_timeout_s} s (is the server up?)")
         left = self._left()
-        ask_at = 0 if self.mode == "sync" else self._k()
-        if left <= ask_at and self._inflight is None:
+        if self._asks(left):
             if self.commit and left > 0:  # this tick's action and the rest run while the reply is on its way
                 obs = {**obs, COMMITTED: np.array(self._chunk[self._index : self._index + left], dtype=np.float32)}
             self._request(obs)
@@ -179,6 +204,7 @@ class ChunkExecutor:
             action = self._last
             self.stats.held += 1
         self._last = action
+        self._since += 1
         self.tick += 1
         self.stats.ticks += 1
         self.executed_actions.append(action)
@@ -204,6 +230,13 @@ class ChunkExecutor:
             )
         return {**obs, key: np.stack(self._history.push(state))}
 
+    def _asks(self, left: int) -> bool:
+        """Whether this tick sends a request: every ``every`` ticks with a connection free, else when ``k`` actions
+        are left (none in sync mode) and nothing is on its way."""
+        if self.every is not None:
+            return self._since >= self.every and len(self._inflight) < self._connections
+        return not self._inflight and left <= (0 if self.mode == "sync" else self._k())
+
     def _k(self) -> int:
         size = self._usable()
         if self.k is not None:
@@ -223,13 +256,18 @@ class ChunkExecutor:
 
     def _request(self, obs: dict[str, Any]) -> None:
         self.stats.requests += 1
+        self._since = 0
+        with self._lock:
+            self._asked += 1
+            number = self._asked
         # the reply's first actions are for those the robot runs from now on: as many as ran are dropped on arrival
-        self._inflight = self._pool.submit(self._fetch, obs, self.stats.executed, self._epoch)
+        self._inflight.append(self._pool.submit(self._fetch, obs, self.stats.executed, self._epoch, number))
 
-    def _fetch(self, obs: dict[str, Any], ran: int, epoch: int) -> None:
+    def _fetch(self, obs: dict[str, Any], ran: int, epoch: int, number: int) -> None:
         start = time.perf_counter()
+        infer = self._free.get()
         try:
-            reply = self.infer(obs)
+            reply = infer(obs)
             chunk = np.asarray(reply["actions"], dtype=np.float64)
             if chunk.ndim != 2 or len(chunk) == 0 or not np.isfinite(chunk).all():
                 raise ValueError(f"the server sent actions of shape {list(chunk.shape)} (or non-finite values)")
@@ -237,24 +275,27 @@ class ChunkExecutor:
             self.stats.errors += 1
             logger.warning("chunk request failed: %s", err)
             return
+        finally:
+            self._free.put(infer)
         rtt_ms = (time.perf_counter() - start) * 1000
         with self._lock:
             if epoch != self._epoch:  # a reply for an episode that has ended
                 return
-            self._arrived = (chunk, ran)
+            if self._arrived is None or self._arrived[2] < number:
+                self._arrived = (chunk, ran, number)
             self._recent_rtt.append(rtt_ms)
             self.stats.round_trip_ms.append(rtt_ms)
 
     def _adopt(self, fresh_start: bool = False) -> None:
         """Switch to a chunk that has arrived, dropping its first actions, meant for those that ran while it was on its
         way (not for ticks the robot held: it paused, and the chunk goes on from where it stopped)."""
-        if self._inflight is not None and self._inflight.done():
-            self._inflight = None
+        self._inflight = [f for f in self._inflight if not f.done()]
         with self._lock:
             arrived, self._arrived = self._arrived, None
-        if arrived is None:
-            return
-        chunk, ran = arrived
+            if arrived is None or arrived[2] < self._adopted:  # none, or older than the chunk running
+                return
+            self._adopted = arrived[2]
+        chunk, ran, _ = arrived
         late = 0 if (fresh_start or self.mode == "sync") else self.stats.executed - ran
         usable = len(chunk) if self.horizon is None else min(self.horizon, len(chunk))
         if late >= usable:

@@ -1,7 +1,7 @@
 """A simulated robot for a policy server: Meta-World in real time at its control rate, driven by ``ChunkExecutor``.
 
     python -m vla.serve.robot --port 8000 [--host 127.0.0.1] [--task push-v3] [--episodes 5] [--mode overlapped]
-        [--k K] [--api-key KEY]
+        [--k K] [--every K [--connections N]] [--api-key KEY]
 
 The client half of "On a robot" in the README, and what ``scripts/bench_serve.py`` runs: the world steps every
 ``1 / env.fps`` seconds whatever the network does (``Rate``); the executor supplies an action each tick. It waits
@@ -61,15 +61,28 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="ask for the next chunk with k actions left (default: from the measured round trip)",
     )
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=None,
+        help="overlapped: ask every K ticks, several requests on their way, each on its own connection",
+    )
+    parser.add_argument(
+        "--connections", type=int, default=4, help="with --every: connections, the most requests on their way"
+    )
     args = parser.parse_args(argv)
 
     from vla.sim.metaworld_env import MetaWorldEnv
 
     client = PolicyClient(args.host, args.port, api_key=args.api_key)
+    clients = [client] + [
+        PolicyClient(args.host, args.port, api_key=args.api_key)
+        for _ in range(args.connections - 1 if args.every else 0)
+    ]
     policy = client.metadata.get("policy", {})
     env = MetaWorldEnv(args.task, max_steps=args.max_steps)
     horizon = policy.get("n_action_steps") if args.mode == "sync" else policy.get("time_horizon")
-    executor = ChunkExecutor(client, control_hz=env.fps, k=args.k, horizon=horizon, mode=args.mode)
+    executor = ChunkExecutor(clients, control_hz=env.fps, k=args.k, horizon=horizon, mode=args.mode, every=args.every)
     results = []
     try:
         for e in range(args.episodes):
@@ -78,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r), flush=True)
     finally:
         executor.close()
-        client.close()
+        for c in clients:
+            c.close()
         env.close()
     ticks = sum(r["length"] for r in results)
     print(
