@@ -133,6 +133,59 @@ def test_lerobots_loaded_processors_and_the_policy_give_vlas_actions(tmp_path):
     assert torch.allclose(loss_vla, loss_lerobot, atol=1e-6)
 
 
+# --- LeRobot's policy contract: built from the config and its features alone -------------------------------------
+def _features_only_config(tokenizer: str):
+    """LeRobot's ``test_policy_defaults`` set-up: ``make_policy_config(name)`` with only the input and output features
+    set (here the features of a 5-D state and a 3-D action, and the tokenizer type)."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.factory import make_policy_config
+
+    config = make_policy_config("vla", action_tokenizer_type=tokenizer, preset="micro", device="cpu")
+    config.input_features = {"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(5,))}
+    config.output_features = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(3,))}
+    return config
+
+
+def test_lerobots_policy_contract_builds_saves_and_loads_from_the_config_alone(tmp_path):
+    """``get_policy_class("vla")(config)`` with only features set (LeRobot's ``test_policy_defaults``) and its
+    save-and-load twin (``test_save_and_load_pretrained``): a binning policy needs no data, and the loaded parameters
+    are the saved ones. Normalisation is then the processors' (built from the dataset's stats): the policy reads the
+    normalised batch they give, refuses a raw one saying so, and the post-processor returns raw actions."""
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    policy_cls = get_policy_class("vla")
+    config = _features_only_config("bin")
+    policy = policy_cls(config)
+    assert policy.action_tokenizer.name == "bin" and policy.action_normalizer is None
+    assert (policy.config.state_dim, policy.config.action_dim) == (5, 3)
+    policy.save_pretrained(tmp_path / "ckpt")
+    loaded = policy_cls.from_pretrained(tmp_path / "ckpt", config=config).eval()
+    torch.testing.assert_close(list(policy.parameters()), list(loaded.parameters()))
+
+    obs = {k: v for k, v in _raw_batch().items() if k != "action"}
+    with pytest.raises(ValueError, match="holds no normalisers"):
+        loaded.predict_action_chunk(dict(obs))
+    reference = _policy_with_a_constant_state_dim()  # its normalisers, as LeRobot's dataset stats
+    stats = {
+        key: {"q01": n.offset - n.scale, "q99": n.offset + n.scale}
+        for key, n in (("observation.state", reference.state_normalizer), ("action", reference.action_normalizer))
+    }
+    pre, post = make_pre_post_processors(loaded.config, dataset_stats=stats)
+    normalised = pre(dict(obs))
+    assert normalised["vla.normalized"] is True
+    chunk = post(loaded.predict_action_chunk(normalised))
+    lo, hi = stats["action"]["q01"], stats["action"]["q99"]
+    inside = (chunk.numpy() >= lo - 1e-6) & (chunk.numpy() <= hi + 1e-6)  # bins of [-1, 1] in raw units
+    assert chunk.shape == (3, 10, 3) and inside.all()
+
+
+def test_a_tokenizer_that_learns_from_data_is_refused_without_data_saying_what_to_give():
+    from lerobot.policies.factory import get_policy_class
+
+    with pytest.raises(ValueError, match="fast tokenizer learns from action chunks.*action_tokenizer_path"):
+        get_policy_class("vla")(_features_only_config("fast"))
+
+
 def test_lerobot_rollouts_inference_engine_runs_the_saved_policy(tmp_path):
     """``lerobot-rollout --policy.path=...`` (LeRobot 0.6's deployment command; ``lerobot-record`` only records
     teleoperation now) loads the policy with its own loader and runs each tick through ``SyncInferenceEngine``: robot

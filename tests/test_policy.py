@@ -357,8 +357,10 @@ def test_lerobot_factory_path(tmp_path):
     assert action.shape == (1, D) and action.device.type == "cpu"
     with pytest.raises(ValueError, match="action_tokenizer_path"):
         VLAPolicy(VLAConfig(preset="micro", device="cpu"), dataset_stats=stats)
-    with pytest.raises(ValueError, match="dataset_stats"):
-        VLAPolicy(config)
+    bare = VLAPolicy(config).eval()  # no stats: normalisation is the processors' (LeRobot's policy contract)
+    assert bare.action_normalizer is None and bare.state_normalizer is None
+    with pytest.raises(ValueError, match="holds no normalisers"):
+        bare.select_action({"observation.state": torch.zeros(1, S), "task": ["push"]})
 
 
 def test_collapsed_quantiles_in_lerobot_stats_are_named(tmp_path, caplog):

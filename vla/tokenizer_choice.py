@@ -37,16 +37,25 @@ class TokenizerConfig(draccus.ChoiceRegistry):
         """Fit on normalised chunks ``[N, T, D]`` with these options, ``extra`` on top (``show_progress=True``)."""
         return at.get_tokenizer_class(self.type).fit(chunks, **{**self.options(), **extra})
 
+    def unfitted(self, time_horizon: int, action_dim: int) -> at.ActionTokenizer:
+        """Load ``pretrained_path``, or build one without data for chunks ``[time_horizon, action_dim]`` (a tokenizer
+        that learns nothing from them; the others refuse, saying what to do)."""
+        if self.pretrained_path:
+            return self.load()
+        return at.get_tokenizer_class(self.type).unfitted(time_horizon, action_dim, **self.options())
+
     def build(self, chunks: np.ndarray) -> at.ActionTokenizer:
         """Load ``pretrained_path``, or fit on normalised training chunks ``[N, T, D]``."""
-        if self.pretrained_path:
-            tok = at.load_tokenizer(self.pretrained_path)
-            if tok.name != self.type:
-                raise ValueError(
-                    f"{self.pretrained_path} holds a {tok.name!r} tokenizer, the config asks for {self.type!r}"
-                )
-            return tok
-        return self.fit(chunks)
+        return self.load() if self.pretrained_path else self.fit(chunks)
+
+    def load(self) -> at.ActionTokenizer:
+        """The tokenizer at ``pretrained_path``, of this config's type."""
+        tok = at.load_tokenizer(self.pretrained_path)
+        if tok.name != self.type:
+            raise ValueError(
+                f"{self.pretrained_path} holds a {tok.name!r} tokenizer, the config asks for {self.type!r}"
+            )
+        return tok
 
 
 def _choice_for(name: str, cls: type[at.ActionTokenizer]) -> type[TokenizerConfig]:

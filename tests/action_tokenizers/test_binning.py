@@ -1,5 +1,6 @@
 import action_tokenizers as at
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -29,3 +30,17 @@ def test_clipping_is_counted():
 def test_time_major_layout():
     tok = at.BinningTokenizer(n_bins=2, time_horizon=2, action_dim=2)
     assert tok.encode(np.array([[-0.5, 0.5], [0.5, -0.5]])) == [[0, 1, 1, 0]]
+
+
+def test_binning_is_built_without_data_as_fit_builds_it_and_the_others_refuse():
+    chunks = np.random.default_rng(0).uniform(-1, 1, (50, 10, 3))
+    fitted = at.BinningTokenizer.fit(chunks, n_bins=64)
+    built = at.BinningTokenizer.unfitted(10, 3, n_bins=64)
+    assert (built.vocab_size, built.time_horizon, built.action_dim) == (64, 10, 3)
+    assert built.encode(chunks) == fitted.encode(chunks)
+    assert not at.BinningTokenizer.learns_from_data
+    for name in ("fast", "beast", "fsq"):
+        cls = at.get_tokenizer_class(name)
+        assert cls.learns_from_data
+        with pytest.raises(ValueError, match="learns from action chunks"):
+            cls.unfitted(10, 3)

@@ -88,6 +88,8 @@ class ActionTokenizer(ABC):
     name: ClassVar[str]  # registry name, e.g. "fast"
     # Each id spells values of one action step, so a chunk's first steps fix its first ids (``prefix_ids``)
     time_local: ClassVar[bool] = False
+    # ``fit`` learns from the chunks; a tokenizer that learns nothing is built without data by ``unfitted``
+    learns_from_data: ClassVar[bool] = True
 
     time_horizon: int | None
     action_dim: int | None
@@ -114,6 +116,15 @@ class ActionTokenizer(ABC):
         if unknown:
             raise TypeError(f"{cls.__name__}.fit has no option {unknown[0]!r}; its options: {', '.join(known)}")
         return cls.Options(**given)
+
+    @classmethod
+    def unfitted(cls, time_horizon: int, action_dim: int, **options: Any) -> ActionTokenizer:
+        """The tokenizer for chunks ``[time_horizon, action_dim]`` built without data (``options``: ``fit``'s), for
+        one that learns nothing from the chunks (``learns_from_data`` False); the others refuse."""
+        raise ValueError(
+            f"the {cls.name} tokenizer learns from action chunks: fit it on data ({cls.__name__}.fit(chunks)) or load "
+            "a saved one; only a tokenizer that learns nothing (bin) is built without data"
+        )
 
     @property
     @abstractmethod

@@ -79,6 +79,7 @@ def fixed_length_grid(ids: Any, n_bins: int, n: int, spelled: str) -> tuple[np.n
 class BinningTokenizer(ActionTokenizer):
     name: ClassVar[str] = "bin"
     time_local: ClassVar[bool] = True
+    learns_from_data: ClassVar[bool] = False
 
     @dataclass(frozen=True)
     class Options:
@@ -102,6 +103,11 @@ class BinningTokenizer(ActionTokenizer):
         ``BinningTokenizer.Options``)."""
         arr = as_chunk_batch(chunks)
         return cls(n_bins=cls.fit_options(options).n_bins, time_horizon=arr.shape[1], action_dim=arr.shape[2])
+
+    @classmethod
+    def unfitted(cls, time_horizon: int, action_dim: int, **options: Any) -> BinningTokenizer:
+        """What ``fit`` gives for chunks ``[time_horizon, action_dim]``: binning learns nothing from them."""
+        return cls(n_bins=cls.fit_options(options).n_bins, time_horizon=time_horizon, action_dim=action_dim)
 
     @property
     def vocab_size(self) -> int:

@@ -153,15 +153,17 @@ class VLAPolicy(PreTrainedPolicy):
 
     def _set_parts(self, action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta) -> None:
         """The tokenizer and normalisers as given, else from LeRobot's dataset stats (and the tokenizer fitted on its
-        dataset); the data's fps recorded when LeRobot's trainer gives it."""
+        dataset); the data's fps recorded when LeRobot's trainer gives it. With neither normalisers nor stats (LeRobot's
+        ``policy_cls(config)``) none: the policy then reads only batches its pre-processor normalised."""
         config = self.config
-        if action_normalizer is None:
+        without_stats = action_normalizer is None and dataset_stats is None
+        if action_normalizer is None and not without_stats:
             action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
         # No state (an image-only policy): state_dim 0, or LeRobot's features naming no state (a dataset without one).
         features = config.input_features
         if config.state_dim is None and state_normalizer is None and features and OBS_STATE not in features:
             config.state_dim = 0
-        if config.state_dim == 0:
+        if config.state_dim == 0 or without_stats:
             state_normalizer = None
         elif state_normalizer is None:
             state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
@@ -233,12 +235,18 @@ class VLAPolicy(PreTrainedPolicy):
     def _resolve_dims(self) -> None:
         """Fill action_dim / state_dim from whatever knows them, and check everything agrees."""
         c, tok = self.config, self.action_tokenizer
+        features = {**(c.input_features or {}), **(c.output_features or {})}
         d_sources = {
             "config": c.action_dim,
             "action tokenizer": tok.action_dim,
-            "action normaliser": self.action_normalizer.dim,
+            "action normaliser": getattr(self.action_normalizer, "dim", None),
+            "output features": features[ACTION].shape[-1] if ACTION in features else None,
         }
-        s_sources = {"config": c.state_dim, "state normaliser": getattr(self.state_normalizer, "dim", None)}
+        s_sources = {
+            "config": c.state_dim,
+            "state normaliser": getattr(self.state_normalizer, "dim", None),
+            "input features": features[OBS_STATE].shape[-1] if OBS_STATE in features else None,
+        }
         for name, sources in (("action_dim", d_sources), ("state_dim", s_sources)):
             known = {k: int(v) for k, v in sources.items() if v is not None}
             if len(set(known.values())) > 1:
@@ -455,8 +463,9 @@ class VLAPolicy(PreTrainedPolicy):
                 save_torch_state_dict(state_dict, str(tmp), max_shard_size=max(total, 1))
             write_json(tmp / BACKBONE_CONFIG_FILE, self.model.backbone.config.to_dict())
             self.action_tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
-            self.action_normalizer.save(tmp / ACTION_NORMALIZER_FILE)
-            if self.state_normalizer is not None:  # none without state
+            if self.action_normalizer is not None:  # none in a policy built without statistics
+                self.action_normalizer.save(tmp / ACTION_NORMALIZER_FILE)
+            if self.state_normalizer is not None:  # none without state, or without statistics
                 self.state_normalizer.save(tmp / STATE_NORMALIZER_FILE)
             if isinstance(self.vocab.text, LocalTextTokenizer):
                 self.vocab.text.save(tmp / TEXT_TOKENIZER_DIR)
@@ -500,11 +509,15 @@ class VLAPolicy(PreTrainedPolicy):
             check_dataset_fits(config, meta.features, path, where, fps)
         backbone_file = path / BACKBONE_CONFIG_FILE
         text_dir = path / TEXT_TOKENIZER_DIR
+        # a policy built without statistics (from its config and features alone) saved no normaliser
+        stats = (path / ACTION_NORMALIZER_FILE).is_file()
         policy = cls(
             config,
             action_tokenizer=at.load_tokenizer(path / TOKENIZER_DIR),
-            action_normalizer=at.Normalizer.load(path / ACTION_NORMALIZER_FILE),
-            state_normalizer=at.Normalizer.load(path / STATE_NORMALIZER_FILE) if config.state_dim != 0 else None,
+            action_normalizer=at.Normalizer.load(path / ACTION_NORMALIZER_FILE) if stats else None,
+            state_normalizer=at.Normalizer.load(path / STATE_NORMALIZER_FILE)
+            if stats and config.state_dim != 0
+            else None,
             text_tokenizer_dir=text_dir if text_dir.is_dir() else None,
             backbone_config=read_json(backbone_file, "backbone config") if backbone_file.is_file() else None,
         )

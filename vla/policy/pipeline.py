@@ -48,6 +48,12 @@ from vla.policy.images import IMAGES, ShiftImages, StackImages
 Batch = dict[str, Any]
 ACTION_IDS, SEQUENCE, FORCED_IDS = "action_ids", "sequence", "forced_ids"
 NORMALIZED = "vla.normalized"  # LeRobot's pre-processor normalised the batch (its post-processor unnormalises)
+# What a policy built without statistics (from its config and features alone) says of a batch it cannot normalise
+WITHOUT_STATS = (
+    "this policy holds no normalisers (it was built from its config and features alone), so it reads only batches "
+    "its LeRobot pre-processor normalised: run it through make_pre_post_processors(config, dataset_stats=...), or "
+    "build it with action_normalizer= and state_normalizer= (vla train does, from the training frames)"
+)
 
 
 class Transform(Protocol):
@@ -76,11 +82,13 @@ class Normalize:
     ``NORMALIZED``)."""
 
     state: at.Normalizer | None
-    action: at.Normalizer
+    action: at.Normalizer | None  # None: a policy without statistics, which reads normalised batches only
 
     def __call__(self, batch: Batch) -> Batch:
         if batch.get(NORMALIZED):
             return batch
+        if self.action is None:
+            raise ValueError(WITHOUT_STATS)
         out = dict(batch)
         if self.state is not None and OBS_STATE in batch:
             out[OBS_STATE] = self.state.normalize(batch[OBS_STATE])
@@ -155,12 +163,14 @@ class CommitActions:
     chunks for them instead (``VLAConfig.commit_search``)."""
 
     tokenizer: at.ActionTokenizer
-    action: at.Normalizer
+    action: at.Normalizer | None
     relative: RelativeActions | None = None
 
     def __call__(self, batch: Batch) -> Batch:
         if COMMITTED not in batch:
             return batch
+        if self.action is None:
+            raise ValueError(WITHOUT_STATS)
         if batch.get(NORMALIZED):
             raise ValueError(
                 "committed actions are raw actions; run the policy through its own pipeline, not LeRobot's"
@@ -230,11 +240,13 @@ class Unnormalize:
     """Normalised chunks -> raw units (NaN rows stay NaN); left normalised for LeRobot's post-processor
     (``NORMALIZED``)."""
 
-    action: at.Normalizer
+    action: at.Normalizer | None
 
     def __call__(self, batch: Batch) -> Batch:
         if batch.get(NORMALIZED):
             return batch
+        if self.action is None:
+            raise ValueError(WITHOUT_STATS)
         return {**batch, ACTION: self.action.unnormalize(batch[ACTION])}
 
 
@@ -289,8 +301,8 @@ class Pipeline:
         cls,
         *,
         tokenizer: at.ActionTokenizer,
-        state_normalizer: at.Normalizer,
-        action_normalizer: at.Normalizer,
+        state_normalizer: at.Normalizer | None,
+        action_normalizer: at.Normalizer | None,
         layout: SequenceLayout,
         state_dim: int,
         time_horizon: int,
