@@ -1,11 +1,12 @@
-r"""Byte-level BPE encoding of a whole batch: the ByteLevel pre-tokenizer's split done in numpy, then each distinct
-word through the BPE model once. The ids are exactly those of ``Tokenizer.encode_batch_fast``.
+r"""Byte-level BPE encoding of a whole batch: the ByteLevel pre-tokenizer's split done in numpy, then the merges applied
+to all words at once (``merges.py``; or, for a vocabulary it does not reproduce, each distinct word through the BPE
+model once). The ids are exactly those of ``Tokenizer.encode_batch_fast``.
 
 Hugging Face's ``ByteLevel`` pre-tokenizer (``use_regex=True``, no prefix space) cuts a string with GPT-2's pattern
 ``'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+``, maps each piece's UTF-8 bytes to
 printable stand-in characters, and the BPE model merges within each piece (a "word") alone. On FAST's coefficient
-strings most of the time goes to that regex and to building an ``Encoding`` per row; here the cut is a few array
-operations over the batch, and a word seen twice in the batch is merged once.
+strings most of the time goes to that regex, to the per-word merging and to building an ``Encoding`` per row; here the
+cut and the merges are a few array operations over the batch.
 
 With ``c`` the class of each character (letter, number, whitespace, other), a word starts at position ``i > 0`` when
 * ``c[i]`` is whitespace: ``c[i-1]`` is not, or ``c[i+1]`` is not (``\s+(?!\S)`` leaves a run's last character
@@ -29,6 +30,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .coefficients import ints_to_strings, split_rows, string_to_ints
+from .merges import Merges
 from .utf8 import REPLACEMENT, UNICODE_TO_BYTE, ByteDecoder
 
 LIMIT = 0x800  # code points probed: those of one or two UTF-8 bytes (FAST's alphabets are far smaller)
@@ -70,6 +72,14 @@ class ByteLevelEncoder:
         self.lengths = np.array([len(s) for s in stand_ins], dtype=np.int64)  # UTF-8 bytes per code point
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
         self.flat = np.array([ord(c) for s in stand_ins for c in s], dtype=np.int64)
+        # For ``merges``: the ids each code point starts as (its bytes' stand-ins, less those not in the vocabulary,
+        # which the model drops), each followed by the gap that ends a word, laid out like ``flat``.
+        self.merges = Merges.from_bpe(bpe)
+        vocab, gap = bpe.get_vocab(), bpe.get_vocab_size()
+        start_ids = [[vocab[c] for c in s if c in vocab] for s in stand_ins]
+        self.id_lengths = np.array([len(i) for i in start_ids], dtype=np.int64)
+        self.id_offsets = np.concatenate([[0], np.cumsum(self.id_lengths + 1)[:-1]])
+        self.id_flat = np.array([i for ids in start_ids for i in [*ids, gap]], dtype=np.int64)
 
     def word_starts(self, symbols: np.ndarray) -> np.ndarray:
         """``[B, L]`` code points (all below ``LIMIT``) -> ``[B, L]`` bool, True where a word starts."""
@@ -120,6 +130,26 @@ class ByteLevelEncoder:
         return self._encode(symbols)
 
     def _encode(self, symbols: np.ndarray) -> list[list[int]]:
+        if self.merges is None:
+            return self._encode_words(symbols)
+        b, n = symbols.shape
+        starts = self.word_starts(symbols)  # [B, L]
+        ends = np.ones_like(starts)  # [B, L] the last code point of its word
+        ends[:, :-1] = starts[:, 1:]
+        flat = symbols.ravel()
+        lens = self.id_lengths[flat] + ends.ravel()  # [B * L] ids of each code point, and a gap after a word
+        stop = np.cumsum(lens)
+        words = self.id_flat[np.repeat(self.id_offsets[flat] - (stop - lens), lens) + np.arange(stop[-1])]  # [S]
+        tokens = self.merges.apply(words)  # [S'] each word's tokens, then a gap
+        gaps = np.flatnonzero(tokens == self.merges.gap)  # [W]
+        per_word = np.diff(gaps, prepend=-1) - 1  # [W] tokens of each word
+        words_per_row = starts.sum(axis=1)  # [B] >= 1: a row's first code point starts a word
+        return split_rows(
+            tokens[tokens != self.merges.gap], np.add.reduceat(per_word, np.cumsum(words_per_row) - words_per_row)
+        )
+
+    def _encode_words(self, symbols: np.ndarray) -> list[list[int]]:
+        """Each distinct word through the BPE model (a vocabulary ``Merges`` does not reproduce)."""
         b, n = symbols.shape
         starts = self.word_starts(symbols).ravel()  # [B * L]
         flat = symbols.ravel()

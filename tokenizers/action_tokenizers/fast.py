@@ -16,8 +16,8 @@ Two BPE flavours:
 * ``byte_level=True``: the reference's byte-level BPE (Hugging Face ``ByteLevelBPETokenizer`` with the
   reference trainer settings), frequency-major and plain rounding: fitted on the same chunks it gives the
   reference processor's ids exactly, also for values outside the fitted range (clipped below only, as there).
-  A batch is encoded by ``byte_level.py`` (the pre-tokenizer's split in numpy, each distinct word merged once by
-  the BPE model): the same ids as the BPE's own batch encode, in a fraction of the time.
+  A batch is encoded by ``byte_level.py`` (the pre-tokenizer's split in numpy, the merges applied to all words at
+  once by ``merges.py``): the same ids as the BPE's own batch encode, in a fraction of the time.
   Its ids can end inside a UTF-8 sequence, and a value whose bytes were never seen at fit time is dropped by the
   BPE model: such drops are counted in ``encode_stats.dropped`` and warned about, never silent.
 
