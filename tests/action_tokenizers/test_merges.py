@@ -13,7 +13,7 @@ from action_tokenizers.reference import bpe_trainer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenizers import ByteLevelBPETokenizer, Tokenizer
+from tokenizers import ByteLevelBPETokenizer, Tokenizer, models
 
 
 def _library_ids(bpe, rows: np.ndarray) -> list[list[int]]:
@@ -95,3 +95,6 @@ def test_drops_edges_and_unsupported_models(chained, fast_bl_wide):
     noisy = Tokenizer.from_str(fast_bl_wide.bpe.to_str())
     noisy.model.dropout = 0.5
     assert Merges.from_bpe(noisy) is None
+    vocab = {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4}
+    assert Merges.from_bpe(Tokenizer(models.BPE(vocab, [("a", "b"), ("ab", "c")]))) is not None
+    assert Merges.from_bpe(Tokenizer(models.BPE(vocab, [("ab", "c"), ("a", "b")]))) is None  # uses a later merge's id

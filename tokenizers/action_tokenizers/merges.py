@@ -24,7 +24,7 @@ import numpy as np
 
 from tokenizers import Tokenizer
 
-MAX_VOCAB = 2048  # the pair -> rank table is vocab_size^2 int16s (8 MiB here); larger vocabularies use the BPE model
+MAX_VOCAB = 2048  # the pair -> rank table holds (vocab_size + 1)^2 int16s (8 MiB at 2048); larger: the BPE model
 # Model options under which the BPE model is plain merging (no dropout, no unknown token, no affixes, no fallbacks).
 PLAIN = {
     "dropout": None,
@@ -88,9 +88,8 @@ class Merges:
         ids = words.astype(np.int32)  # int32: half the memory traffic of int64, and every key below fits
         for lo, hi in self.stage_ranks:
             pair = self.rank[ids[:-1] * self.stride + ids[1:]]  # [S - 1] the rank of each adjacent pair
-            pos = np.flatnonzero(
-                (pair - lo).view(np.uint16) < hi - lo
-            )  # [C] the stage's pairs (in its ranks), in order
+            in_stage = (pair - lo).view(np.uint16) < hi - lo  # lo <= rank < hi (below lo wraps around to the top)
+            pos = np.flatnonzero(in_stage)  # [C] the stage's pairs, in order
             if not len(pos):
                 continue
             rank = pair[pos]
