@@ -136,3 +136,15 @@ def test_the_trace_is_the_policys_own_decoding(name, decoding):
         assert len(steps) == len(ids)  # one step per query slot, no stop token
     else:
         assert steps[-1]["chosen"] == pol.vocab.end_id and len(steps) == len(ids) + 1
+
+
+def test_a_policy_without_normalisers_is_refused_with_what_to_give():
+    from lerobot.configs.types import FeatureType, PolicyFeature
+
+    from vla.inspect import sample_of
+
+    config = VLAConfig(preset="micro", time_horizon=T, device="cpu", action_tokenizer_type="bin")
+    config.input_features = {"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(4,))}
+    config.output_features = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(D,))}
+    with pytest.raises(ValueError, match="holds no normalisers"):
+        sample_of(VLAPolicy(config), None, 0)

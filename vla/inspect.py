@@ -26,7 +26,7 @@ import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
 from vla.policy import VLAPolicy
-from vla.policy.pipeline import ACTION_IDS, SEQUENCE, run
+from vla.policy.pipeline import ACTION_IDS, SEQUENCE, WITHOUT_STATS, run
 
 KINDS = ["padding", "image", "text", "state", "suffix text", "action"]
 
@@ -34,6 +34,8 @@ KINDS = ["padding", "image", "text", "state", "suffix text", "action"]
 def sample_of(policy: VLAPolicy, dataset: Path | None, index: int) -> dict[str, Any]:
     """One unbatched training sample: from the dataset, or the middle of the data's range."""
     config = policy.config
+    if policy.action_normalizer is None:  # raw samples need normalisers to become what the model reads
+        raise ValueError(WITHOUT_STATS)
     if dataset is not None:
         from vla.data.torch_dataset import ActionChunkDataset
 
