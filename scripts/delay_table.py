@@ -72,6 +72,7 @@ def run(
     done: list[dict] | None = None,
     on_row: Callable[[list[dict]], None] | None = None,
     schemes: list[str] | None = None,
+    decode_ms: float | None = None,
 ) -> list[dict]:
     """Every policy's evaluations, each row handed to ``on_row`` (all rows so far) as it finishes; the rows in
     ``done`` (an earlier, stopped table of the same settings) are kept, not run again."""
@@ -81,6 +82,8 @@ def run(
         # measured by the first delayed evaluation without and with committed actions (a search decodes several
         # chunks), then given to the others (a resumed table keeps its own)
         decode = {SCHEMES[r["scheme"]][1]: r["decode_ms"] for r in mine if r["decode_ms"] is not None}
+        if decode_ms is not None:  # one decode time for every policy: cells comparable across policies and machines
+            decode = {False: decode_ms, True: decode_ms}
         for scheme, round_trip, (ahead, commit, every) in settings(policy, delays, schemes):
             each_way = None if round_trip is None else round_trip / 2
             if any((r["scheme"], r["delay_ms_each_way"]) == (scheme, each_way) for r in mine):
@@ -276,6 +279,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/delay"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument(
+        "--decode-ms",
+        type=float,
+        default=None,
+        help="the decode time of every policy (default: measured once per policy, which depends on the machine and "
+        "its load)",
+    )
+    parser.add_argument(
         "--schemes", default=",".join(SCHEMES), help=f"comma list of the schemes to run (of: {', '.join(SCHEMES)})"
     )
     args = parser.parse_args()
@@ -301,7 +311,19 @@ def main() -> None:
         atomic_write_text(args.out / "README.md", markdown(cells, args))
         plot(cells, args.out / "delay.png")
 
-    write(run(policies, args.env, args.episodes, args.max_steps, delays, done, on_row=write, schemes=schemes))
+    write(
+        run(
+            policies,
+            args.env,
+            args.episodes,
+            args.max_steps,
+            delays,
+            done,
+            on_row=write,
+            schemes=schemes,
+            decode_ms=args.decode_ms,
+        )
+    )
     print(f"wrote {args.out}/delay.json, README.md and delay.png")
 
 

@@ -124,3 +124,10 @@ def test_a_study_runs_own_evaluation_is_the_no_delay_row(tiny_dataset_root, tmp_
     )
     module.main()  # another step limit: the study's evaluation does not answer it
     assert calls[0] is None
+    calls.clear()  # one decode time for every policy, not measured: 25 ms at 80 Hz is 2 steps
+    monkeypatch.setattr(
+        sys, "argv", ["delay_table.py", *args[:-1], str(tmp_path / "fixed"), "--decode-ms", "25", "--schemes", "ahead"]
+    )
+    module.main()
+    rows = json.loads((tmp_path / "fixed" / "delay.json").read_text())["rows"]
+    assert [(r["scheme"], r["decode_ms"], r["delay_steps"]) for r in rows[1:]] == [("ahead", 25.0, 2)]
