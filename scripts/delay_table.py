@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Closed-loop success behind a network delay: trained policies (one per training seed) evaluated by ``vla eval``'s
 delay model at several delays each way: synchronous, asked ahead, asked ahead with the committed actions sent, and
-asked every decode time with several replies on their way.
+asked every decode time with several replies on their way, alone or blended (temporal ensembling).
 
     python scripts/delay_table.py --policy s0=RUN0/policy --policy s1=RUN1/policy ... \\
         [--env metaworld/push-v3] [--episodes 100] [--max-steps 200] [--delays 0,50,100,200] [--out results/delay] \\
@@ -14,7 +14,8 @@ more with committed actions, so every delay of a policy is the same decode): hol
 empty``), asking ahead (``--ahead``), and asking ahead with the actions that will run meanwhile sent along
 (``--ahead --commit``): a binning policy begins its chunk with their ids, a FAST policy keeps the decoded chunk
 nearest them (``VLAPolicy.commit_scheme``); and asking ahead every decode time's worth of steps (``--ahead --every
-decode``), several replies on their way, as often as a server decoding one request at a time keeps up with.
+decode``), several replies on their way, as often as a server decoding one request at a time keeps up with, and
+the same with each landing reply blended with the chunks still running (``--temporal-ensemble 0.01``, ACT's).
 ``--schemes`` runs some of them (the rows of the others already in the table are kept). Writes ``delay.json`` (every
 evaluation's settings and figures, with provenance; rewritten after each evaluation, and a stopped table of the
 same settings continues from it), ``README.md`` (mean success over the policies, each policy's,
@@ -28,6 +29,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -36,12 +38,23 @@ from vla.evaluate import EVAL_SEED_START, evaluate
 from vla.io import atomic_write_text
 from vla.provenance import provenance
 
-# scheme: (ahead, commit, every)
+
+class Scheme(NamedTuple):
+    """How the robot asks (``vla eval``'s delay settings)."""
+
+    ahead: bool = False
+    commit: bool = False
+    every: str | None = None
+    ensemble: float | None = None
+
+
+ACT_ENSEMBLE = 0.01  # ACT's temporal-ensemble coefficient
 SCHEMES = {
-    "when empty": (False, False, None),
-    "ahead": (True, False, None),
-    "ahead + commit": (True, True, None),
-    "every decode": (True, False, "decode"),
+    "when empty": Scheme(),
+    "ahead": Scheme(ahead=True),
+    "ahead + commit": Scheme(ahead=True, commit=True),
+    "every decode": Scheme(ahead=True, every="decode"),
+    "every decode + ensemble": Scheme(ahead=True, every="decode", ensemble=ACT_ENSEMBLE),
 }
 
 
@@ -54,13 +67,13 @@ def commits(policy_dir: str) -> bool:
 
 def settings(
     policy: str, delays: list[float], schemes: list[str] | None = None
-) -> list[tuple[str, float | None, tuple[bool, bool, str | None]]]:
-    """``(scheme, round trip ms or None, (ahead, commit, every))``: no delay, then every delay with each scheme of
-    ``schemes`` (default all) the policy can use."""
+) -> list[tuple[str, float | None, Scheme]]:
+    """``(scheme, round trip ms or None, Scheme)``: no delay, then every delay with each scheme of ``schemes``
+    (default all) the policy can use."""
     asked = {k: v for k, v in SCHEMES.items() if schemes is None or k in schemes}
-    usable = {k: v for k, v in asked.items() if not v[1] or commits(policy)}
+    usable = {k: v for k, v in asked.items() if not v.commit or commits(policy)}
     delayed = [(scheme, 2 * d, how) for d in delays for scheme, how in usable.items()]
-    return [("no delay", None, (False, False, None)), *delayed]
+    return [("no delay", None, Scheme()), *delayed]
 
 
 def run(
@@ -81,10 +94,10 @@ def run(
         mine = [r for r in rows if r["policy"] == name and r["path"] == policy]
         # measured by the first delayed evaluation without and with committed actions (a search decodes several
         # chunks), then given to the others (a resumed table keeps its own)
-        decode = {SCHEMES[r["scheme"]][1]: r["decode_ms"] for r in mine if r["decode_ms"] is not None}
+        decode = {SCHEMES[r["scheme"]].commit: r["decode_ms"] for r in mine if r["decode_ms"] is not None}
         if decode_ms is not None:  # one decode time for every policy: cells comparable across policies and machines
             decode = {False: decode_ms, True: decode_ms}
-        for scheme, round_trip, (ahead, commit, every) in settings(policy, delays, schemes):
+        for scheme, round_trip, (ahead, commit, every, ensemble) in settings(policy, delays, schemes):
             each_way = None if round_trip is None else round_trip / 2
             if any((r["scheme"], r["delay_ms_each_way"]) == (scheme, each_way) for r in mine):
                 continue
@@ -99,6 +112,7 @@ def run(
                 ahead=ahead,
                 every=every,
                 commit=commit,
+                ensemble=ensemble,
                 progress=False,
             )
             if round_trip is not None:
@@ -108,6 +122,7 @@ def run(
                 "path": policy,
                 "scheme": scheme,
                 "delay_ms_each_way": each_way,
+                "ensemble": ensemble,
                 **{k: report.get(k) for k in ("success_rate", "episodes", "decode_ms", "delay_steps", "every")},
                 **{k: report[k] for k in ("held_steps_mean", "switch_jump_mean", "step_change_mean", "mean_length")},
                 "successes": report["successes"],
@@ -216,7 +231,8 @@ def markdown(cells: list[dict], args) -> str:
         "the steps that ran meanwhile; *ahead + commit*: it also sends the actions that will run meanwhile, and the "
         "policy decodes its chunk after them (binning: its first ids forced; other tokenizers: the decoded chunk "
         "nearest them of several, a search); *every decode*: it asks ahead every decode time's worth of steps, several "
-        "replies on their way, each skipping the actions that ran meanwhile. The decode time is measured once per policy, and once more with "
+        "replies on their way, each skipping the actions that ran meanwhile; *+ ensemble*: each landing reply blended "
+        f"with the chunks still running (ACT's temporal ensembling, coefficient {ACT_ENSEMBLE}). The decode time is measured once per policy, and once more with "
         "committed actions. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "
         "chunks in brackets).",
         "",
@@ -245,7 +261,7 @@ def plot(cells: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = dict(zip(SCHEMES, ("s:", "o-", "^--", "D-.")))
+    styles = dict(zip(SCHEMES, ("s:", "o-", "^--", "D-.", "v-")))
     for i, name in enumerate(dict.fromkeys(c["group"] for c in cells)):
         mine = [c for c in cells if c["group"] == name]
         colour = colours[i % len(colours)]

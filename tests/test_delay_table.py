@@ -41,16 +41,19 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
 
     record = json.loads((out / "delay.json").read_text())
     schemes = {name: [r["scheme"] for r in record["rows"] if r["policy"] == name] for name in ("b", "f")}
-    assert schemes["b"] == ["no delay"] + ["when empty", "ahead", "ahead + commit", "every decode"] * 2
-    assert schemes["f"] == ["no delay"] + ["when empty", "ahead", "every decode"] * 2
-    every = [r for r in record["rows"] if r["scheme"] == "every decode"]
+    blended = "every decode + ensemble"
+    assert schemes["b"] == ["no delay"] + ["when empty", "ahead", "ahead + commit", "every decode", blended] * 2
+    assert schemes["f"] == ["no delay"] + ["when empty", "ahead", "every decode", blended] * 2
+    every = [r for r in record["rows"] if r["scheme"].startswith("every decode")]
     assert all(r["every"] >= 1 for r in every) and all(r["every"] is None for r in record["rows"] if r not in every)
+    assert {r["ensemble"] for r in record["rows"]} == {None, module.ACT_ENSEMBLE}
+    assert all((r["ensemble"] is not None) == (r["scheme"] == blended) for r in record["rows"])
     for name in ("b", "f"):
         for commit in (False, True):
             decodes = {
                 r["decode_ms"]
                 for r in record["rows"]
-                if r["policy"] == name and r["scheme"] != "no delay" and module.SCHEMES[r["scheme"]][1] == commit
+                if r["policy"] == name and r["scheme"] != "no delay" and module.SCHEMES[r["scheme"]].commit == commit
             }
             assert len(decodes) == (0 if commit and name == "f" else 1) and all(d > 0 for d in decodes)
     decodes_b = {r["decode_ms"] for r in record["rows"] if r["policy"] == "b" and r["decode_ms"]}
@@ -67,9 +70,9 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     monkeypatch.setattr(module, "evaluate", lambda *a, **k: calls.append(k["delay_ms"]) or evaluate(*a, **k))
     monkeypatch.setattr(sys, "argv", argv + ["--max-steps", "8", "--delays", "0,25,50", "--out", str(out)])
     module.main()  # a longer table continues the one written: only the new delay is evaluated
-    assert calls == [100.0] * 7  # 50 ms each way: bin's four schemes, FAST's three
+    assert calls == [100.0] * 9  # 50 ms each way: bin's five schemes, FAST's four
     again = json.loads((out / "delay.json").read_text())
-    assert again["rows"][: len(record["rows"])] == record["rows"] and len(again["rows"]) == len(record["rows"]) + 7
+    assert again["rows"][: len(record["rows"])] == record["rows"] and len(again["rows"]) == len(record["rows"]) + 9
     assert {r["decode_ms"] for r in again["rows"] if r["policy"] == "b" and r["decode_ms"]} == decodes_b
 
     calls.clear()  # a shorter table: only the rows asked now are kept, and nothing is run again
@@ -78,7 +81,7 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     )
     module.main()
     kept = json.loads((out / "delay.json").read_text())["rows"]
-    assert calls == [] and [(r["policy"], r["delay_ms_each_way"]) for r in kept] == [("b", None)] + [("b", 50.0)] * 4
+    assert calls == [] and [(r["policy"], r["delay_ms_each_way"]) for r in kept] == [("b", None)] + [("b", 50.0)] * 5
 
     # --schemes runs only those asked; the rows of the others stay
     monkeypatch.setattr(
@@ -91,7 +94,7 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     module.main()
     rows = json.loads((out / "delay.json").read_text())["rows"]
     assert calls == [150.0] and [r["scheme"] for r in rows if r["delay_ms_each_way"] == 75.0] == ["ahead"]
-    assert len([r for r in rows if r["delay_ms_each_way"] == 50.0]) == 4
+    assert len([r for r in rows if r["delay_ms_each_way"] == 50.0]) == 5
     monkeypatch.setattr(sys, "argv", argv + ["--schemes", "sideways", "--out", str(out)])
     with pytest.raises(SystemExit):
         module.main()
@@ -114,7 +117,7 @@ def test_a_study_runs_own_evaluation_is_the_no_delay_row(tiny_dataset_root, tmp_
     monkeypatch.setattr(sys, "argv", ["delay_table.py", *args])
     module.main()
     rows = json.loads((out / "delay.json").read_text())["rows"]
-    assert None not in calls and len(calls) == 4  # the four delayed schemes only
+    assert None not in calls and len(calls) == 5  # the five delayed schemes only
     assert rows[0]["scheme"] == "no delay" and rows[0]["successes"] == saved["successes"]
     calls.clear()
     monkeypatch.setattr(

@@ -145,11 +145,6 @@ def test_a_late_reply_ahead_is_waited_for_with_the_rest_of_the_chunk_then_a_hold
     assert ran == [0, 1, 2, 3, 4, 5, 105, None, None, None, None, 601, 602]
 
 
-def test_a_temporal_ensemble_with_a_delay_is_refused():
-    with pytest.raises(ValueError, match="temporal ensemble with a reply delay"):
-        executor(1, 0.01, delay_steps=3)
-
-
 def test_rollout_behind_a_delay_holds_and_counts_it():
     def policy(observations):  # one unit a step: the counting env succeeds only if all 12 steps move
         return np.ones((len(observations), T, 1))
@@ -177,6 +172,21 @@ def test_the_jump_at_the_hand_over_is_measured_against_what_ran_before():
     [late] = run_episodes([CountingEnv()], policy, [0], n_action_steps=None, delay_steps=2)
     # CountingEnv holds by running its last action again: the hand-over after a hold still jumps by 1
     assert late.held > 0 and late.switch_jump == 1.0
+
+
+def test_an_ensemble_behind_a_delay_spreads_a_change_of_plan_over_the_chunks_it_blends():
+    def policy(observations):  # the plan changes once: chunks of zeros, then from the 4th request on chunks of ones
+        calls.append(1)
+        return np.full((len(observations), T, 1), float(len(calls) >= 4))
+
+    # Asked every step behind a 1-step delay, chunks of 4 (3 left when they land): replaced, the action jumps from 0
+    # to 1 in one step; blended with the chunks still running, it climbs by a third a step.
+    for ensemble, biggest in ((None, 1.0), (0.0, 1 / 3)):
+        calls, actions = [], []
+        kwargs = dict(n_action_steps=None, delay_steps=1, ahead=True, every=1, ensemble=ensemble)
+        [run] = run_episodes([CountingEnv()], policy, [0], on_step=lambda k, o, a: actions.append(a[0]), **kwargs)
+        assert run.held == 0 and run.length == 12 and len(calls) == 12
+        assert np.max(np.abs(np.diff(actions))) == pytest.approx(biggest) and actions[-1] == 1.0
 
 
 def test_a_delayed_queue_names_the_actions_that_run_while_a_reply_is_on_its_way():
@@ -234,3 +244,39 @@ def test_committed_actions_with_several_replies_on_their_way_stop_where_the_next
     queue.pop(), queue.pop()
     assert queue.needs_chunk()
     np.testing.assert_array_equal(queue.committed(), chunk[4:6])  # the reply on its way lands after 2 of them
+
+
+def test_an_ensemble_behind_a_delay_blends_each_landing_reply_with_the_chunks_still_running():
+    # The trace of test_requests_every_k_steps_keep_several_on_their_way..., chunks of 8: each reply lands (its 3
+    # stale actions skipped) while the older chunks still have actions, and each step runs the plain mean (coefficient
+    # 0) of what every running chunk planned for it: 5 and 203 -> 104 at step 5, three chunks at step 7.
+    ran = _trace(DelayedQueue(None, 3, ahead=True, every=2, ensemble=0.0), 10, chunk_len=8)
+    assert ran[:5] == [0, 1, 2, 3, 4]
+    assert ran[5:] == [104, 105, (7 + 205 + 403) // 3, (206 + 404) // 2, (207 + 405 + 603) // 3]
+    # Without the ensemble the same requests replace each other: the jump the blend smooths.
+    assert _trace(DelayedQueue(None, 3, ahead=True, every=2), 10, chunk_len=8)[5:] == [203, 204, 403, 404, 603]
+
+
+def test_an_ensemble_behind_a_delay_weights_the_oldest_most_and_holds_only_when_all_ran_out():
+    queue = DelayedQueue(None, 2, ahead=True, every=1, ensemble=1.0)
+    queue.add(np.zeros((6, 1)))
+    assert queue.pop()[0] == 0.0 and queue.switched
+    queue.add(np.ones((6, 1)))  # lands after 2 steps, its first 2 actions (for the steps that ran meanwhile) skipped
+    queue.pop()
+    queue.pop()
+    blended = queue.pop()[0]  # the zeros (oldest, weight 1) with the ones (weight e^-1) and nothing newer yet
+    assert blended == pytest.approx(np.exp(-1.0) / (1 + np.exp(-1.0))) and queue.switched
+    # Chunks of 2 with a delay of 4: the first runs out before any reply lands, and the robot holds.
+    short = _trace(DelayedQueue(None, 4, ahead=True, every=2, ensemble=0.01), 6, chunk_len=2)
+    assert short[:2] == [0, 1] and short[2:4] == [None, None]
+
+
+def test_an_ensemble_behind_a_delay_needs_requests_every_k_steps():
+    with pytest.raises(ValueError, match="every"):
+        DelayedQueue(None, 3, ahead=True, ensemble=0.01)
+    for ahead in (False, True):
+        with pytest.raises(ValueError, match="--every"):
+            executor(1, 0.01, delay_steps=3, ahead=ahead)
+    with pytest.raises(ValueError, match="finite"):
+        DelayedQueue(None, 3, ahead=True, every=2, ensemble=float("nan"))
+    assert isinstance(executor(None, 0.01, delay_steps=3, ahead=True, every=2), DelayedQueue)

@@ -532,7 +532,8 @@ def add_cli(subparsers) -> None:
         metavar="COEFF",
         help="ACT's temporal ensembling: predict a chunk every --n-action-steps (default 1) and run the "
         "weighted mean of the chunks covering each step, weights exp(-COEFF * i), oldest first (ACT: 0.01; "
-        "default: the policy's temporal_ensemble, none)",
+        "default: the policy's temporal_ensemble, none); behind --delay-ms with --ahead --every K, each landing reply "
+        "is blended with the chunks still running",
     )
     p.add_argument(
         "--num-beams",

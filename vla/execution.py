@@ -123,11 +123,23 @@ class DelayedQueue:
       above. A chunk then needs ``delay_steps + k`` actions, not twice the delay, and each action runs at most
       ``delay_steps + k`` steps after the observation it was predicted from. ``n_action_steps`` plays no part.
 
+    * ``ensemble=c`` (with ``every``): a reply that lands joins the chunks still running rather than replacing them,
+      and each step runs the weighted mean of what every running chunk planned for it (``TemporalEnsemble``'s weights,
+      oldest first: ACT's temporal ensembling across the delay), so the hand-over is a blend rather than a jump; the
+      robot holds only when every chunk has run out.
+
     With ``delay_steps = 0`` the first two are exactly ``ChunkQueue``. ``switched`` says whether the last ``pop`` ran
     the first action of a new chunk (for the jump at the hand-over).
     """
 
-    def __init__(self, n_action_steps: int | None, delay_steps: int, ahead: bool = False, every: int | None = None):
+    def __init__(
+        self,
+        n_action_steps: int | None,
+        delay_steps: int,
+        ahead: bool = False,
+        every: int | None = None,
+        ensemble: float | None = None,
+    ):
         if n_action_steps is not None and n_action_steps < 1:
             raise ValueError(f"n_action_steps must be at least 1 (or None for whole chunks), got {n_action_steps}")
         if delay_steps < 0:
@@ -137,8 +149,17 @@ class DelayedQueue:
                 f"every = {every}: a request every k >= 1 steps, with several on their way, is a way of asking "
                 "ahead; pass ahead=True and k >= 1 (or every=None)"
             )
+        if ensemble is not None and every is None:
+            raise ValueError(
+                f"ensemble = {ensemble} behind a delay blends the replies on their way: it needs requests every k "
+                "steps (every=k with ahead=True; --ahead --every K|decode)"
+            )
+        if ensemble is not None and not (math.isfinite(ensemble) and ensemble >= 0):
+            raise ValueError(
+                f"the temporal-ensemble coefficient must be a finite number >= 0 (ACT uses 0.01), got {ensemble}"
+            )
         self.n_action_steps, self.delay_steps, self.ahead = n_action_steps, int(delay_steps), bool(ahead)
-        self.every = every
+        self.every, self.ensemble = every, ensemble
         self.reset()
 
     def reset(self) -> None:
@@ -149,12 +170,17 @@ class DelayedQueue:
         self._ran = 0  # actions run this episode
         self._since = 0  # steps since the last request
         self._new = False  # the running chunk's first action has not run yet
+        self._blend: list[list] = []  # with ensemble: [chunk, index of its next action], oldest first
         self.switched = False
 
     def _deliver(self) -> None:
         while self._replies and self._replies[0][1] <= 0:
             chunk, _, ran = self._replies.pop(0)
             skip = self._ran - ran if self.ahead else 0  # the actions that ran while it was on its way
+            if self.ensemble is not None:
+                self._blend.append([chunk[..., skip:, :], 0])
+                self._chunk, self._new = self._blend[-1][0], True  # the newest, for needs_chunk's first request
+                continue
             self._chunk, self._next, self._new = chunk[..., skip:, :], 0, True
             size = self._chunk.shape[-2]
             self._stop = size if self.every else min(size, self.n_action_steps or size)
@@ -164,10 +190,30 @@ class DelayedQueue:
         if self._chunk is None:
             return not self._replies
         if self.every:
-            return self._since >= self.every or (not self._replies and self._next >= self._chunk.shape[-2])
+            return self._since >= self.every or (not self._replies and self._actions_left() == 0)
         if self._replies:
             return False
         return self._stop - self._next <= (self.delay_steps if self.ahead else 0)
+
+    def _actions_left(self) -> int:
+        """How many more steps the running chunk (with ensemble: the longest-running of the blend) has actions for."""
+        if self.ensemble is not None:
+            return max((chunk.shape[-2] - t for chunk, t in self._blend), default=0)
+        return self._chunk.shape[-2] - self._next
+
+    def _blended(self) -> Any:
+        """The weighted mean of every running chunk's action for this step (oldest first, ``exp(-ensemble * i)``), one
+        step on in each; None when all have run out."""
+        self._blend = [entry for entry in self._blend if entry[1] < entry[0].shape[-2]]
+        if not self._blend:
+            return None
+        total, norm = None, 0.0
+        for i, entry in enumerate(self._blend):
+            w = math.exp(-self.ensemble * i)
+            term = entry[0][..., entry[1], :] * w
+            total, norm = term if total is None else total + term, norm + w
+            entry[1] += 1
+        return total / norm
 
     def committed(self) -> Any:
         """The actions that will run while a reply asked for now is on its way, as far as they are known: with
@@ -191,7 +237,16 @@ class DelayedQueue:
         self._deliver()
         action, self.switched = None, False
         running_on = self.ahead and self._replies  # a late reply: the rest of the chunk runs meanwhile
-        if self._chunk is not None and (self._next < self._stop or (running_on and self._next < self._chunk.shape[-2])):
+        if self.ensemble is not None and self._chunk is not None:
+            action = self._blended()
+            if action is not None:
+                self.switched, self._new = self._new, False
+                self._ran += 1
+        elif (
+            self.ensemble is None
+            and self._chunk is not None
+            and (self._next < self._stop or (running_on and self._next < self._chunk.shape[-2]))
+        ):
             action = self._chunk[..., self._next, :]
             self.switched, self._new = self._new, False
             self._next += 1
@@ -228,17 +283,17 @@ def executor(
     ahead: bool = False,
     every: int | None = None,
 ) -> ChunkQueue | TemporalEnsemble | DelayedQueue:
-    """The queue for ``ensemble=None`` (a ``DelayedQueue`` when replies take ``delay_steps`` > 0 or are asked
-    ``ahead``, every ``every`` steps when given); else a temporal ensemble asking every ``n_action_steps`` (default
-    1)."""
-    if ensemble is not None and (delay_steps or ahead):
+    """A ``DelayedQueue`` when replies take ``delay_steps`` > 0 or are asked ``ahead`` (every ``every`` steps when
+    given; an ``ensemble`` then blends the replies that overlap); else the queue for ``ensemble=None``, or a temporal
+    ensemble asking every ``n_action_steps`` (default 1)."""
+    if ensemble is not None and (delay_steps or ahead) and every is None:
         raise ValueError(
-            "a temporal ensemble with a reply delay is not supported: drop --temporal-ensemble, or run "
-            "with --delay-ms 0"
+            "a temporal ensemble behind a reply delay blends the replies on their way: ask ahead every K steps "
+            "(--ahead --every K or --every decode), or drop --temporal-ensemble"
         )
+    if delay_steps or ahead:
+        return DelayedQueue(n_action_steps, delay_steps, ahead, every, ensemble)
     if ensemble is None:
-        if delay_steps or ahead:
-            return DelayedQueue(n_action_steps, delay_steps, ahead, every)
         return ChunkQueue(n_action_steps)
     return TemporalEnsemble(ensemble, every=n_action_steps or 1)
 
