@@ -517,6 +517,34 @@ def test_a_reply_that_lands_after_a_later_requests_is_dropped():
     executor.close()
 
 
+class ChangeOfPlan(TickPolicy):
+    """Chunks of zeros for the first 4 requests, then chunks of ones."""
+
+    def infer(self, obs: dict) -> dict:
+        self.calls += 1
+        time.sleep(self.delay_s)
+        return {"actions": np.full((self.size, 2), float(self.calls > 4))}
+
+
+def test_an_ensembling_executor_blends_each_reply_with_the_chunks_still_running():
+    # Chunks that agree on each tick's action ([t, t + 1, ...] from tick t) blend to that action: still the fresh one.
+    executor = ChunkExecutor([TickPolicy(delay_s=0.01, size=12)] * 4, control_hz=200, every=2, ensemble=0.01)
+    actions = run_ticks(executor, 40)
+    fresh = np.isclose(actions, np.arange(1, 41))
+    held = np.r_[False, actions[1:] == actions[:-1]]
+    assert (fresh | held).all() and fresh.sum() >= 20 and executor.stats.chunks >= 8
+    executor.close()
+    # A change of plan reaches the robot through blends (between 0 and 1), not as one jump; replaced, it jumps.
+    for ensemble in (0.0, None):
+        executor = ChunkExecutor([ChangeOfPlan(delay_s=0.005, size=12)] * 4, control_hz=200, every=1, ensemble=ensemble)
+        actions = run_ticks(executor, 40)
+        executor.close()
+        between = ((actions > 0) & (actions < 1)).sum()
+        assert actions[-1] == 1.0 and (between >= 2 if ensemble is not None else between == 0)
+    with pytest.raises(ValueError, match="every=K"):
+        ChunkExecutor([Recorder()], control_hz=200, ensemble=0.01)
+
+
 def test_every_needs_the_overlapped_mode_and_refuses_committed_actions():
     with pytest.raises(ValueError, match="overlapped mode"):
         ChunkExecutor([Recorder()], control_hz=200, every=2, mode="sync")

@@ -15,7 +15,10 @@ left of the current chunk), and the chunk that comes back begins with them (comm
 With ``every=K`` (overlapped) a request leaves every K ticks whether or not the last one has landed, several on their
 way, each on a connection of its own (``infer`` a list of clients: openpi's protocol answers one request at a time per
 connection); each reply replaces the running chunk when it lands, unless a later request's reply landed first, so a
-chunk need cover only the round trip plus K ticks (``vla eval --every``'s simulated twin).
+chunk need cover only the round trip plus K ticks (``vla eval --every``'s simulated twin). With ``ensemble=c`` as
+well, a reply that lands joins the chunks still running instead of replacing them, and each tick runs the weighted
+mean of their actions for it (ACT's temporal ensembling, weights ``exp(-c * i)`` oldest first; ``vla eval --every K
+--temporal-ensemble c``'s twin).
 ``mode="sync"`` is the baseline (openpi's ``ActionChunkBroker`` in a real-time world): ask only when the chunk is used
 up, hold the last action while waiting, execute the new chunk from its start. A failed request (server down) counts
 as an error, the last action is held, and the request is sent again on the next tick.
@@ -101,7 +104,8 @@ class ChunkExecutor:
     renames it). ``commit``: send the committed actions with each overlapped request (``None``: when the server's
     metadata says its policy decodes after them). ``every``: with ``mode="overlapped"``, ask every ``every`` ticks,
     several requests on their way (one per client of ``infer``; a tick with none free asks on the next), instead of
-    when ``k`` actions are left.
+    when ``k`` actions are left. ``ensemble``: with ``every``, blend each reply with the chunks still running (ACT's
+    temporal-ensemble coefficient, 0.01 in ACT) instead of replacing them.
     """
 
     def __init__(
@@ -117,7 +121,13 @@ class ChunkExecutor:
         state_key: str | None = None,
         commit: bool | None = None,
         every: int | None = None,
+        ensemble: float | None = None,
     ):
+        if ensemble is not None and (every is None or not (math.isfinite(ensemble) and ensemble >= 0)):
+            raise ValueError(
+                f"ensemble = {ensemble}: a temporal ensemble blends the replies on their way, so it needs every=K "
+                "(requests every K ticks) and a finite coefficient >= 0 (ACT's 0.01)"
+            )
         if mode not in ("overlapped", "sync"):
             raise ValueError(f"mode must be 'overlapped' or 'sync', got {mode!r}")
         if k is not None and k < 0:
@@ -147,7 +157,7 @@ class ChunkExecutor:
         for client in clients:
             self._free.put(client.infer if hasattr(client, "infer") else client)
         self.control_hz = float(control_hz)
-        self.k, self.horizon, self.mode, self.every = k, horizon, mode, every
+        self.k, self.horizon, self.mode, self.every, self.ensemble = k, horizon, mode, every, ensemble
         self.first_chunk_timeout_s = first_chunk_timeout_s
         self.stats = ExecutorStats()
         self._pool = concurrent.futures.ThreadPoolExecutor(len(clients), thread_name_prefix="vla-chunk-request")
@@ -169,6 +179,9 @@ class ChunkExecutor:
         self._since = 0  # ticks since the last request
         self._chunk: np.ndarray | None = None
         self._index = 0
+        self._blend: list[
+            list
+        ] = []  # with ensemble: [chunk cut to its usable actions, index of its next], oldest first
         self._last: np.ndarray | None = None
         self.tick = 0
         self.executed_actions = []
@@ -197,7 +210,7 @@ class ChunkExecutor:
                 obs = {**obs, COMMITTED: np.array(self._chunk[self._index : self._index + left], dtype=np.float32)}
             self._request(obs)
         if left > 0:
-            action = self._chunk[self._index]
+            action = self._blended() if self.ensemble is not None else self._chunk[self._index]
             self._index += 1
             self.stats.executed += 1
         else:
@@ -252,7 +265,19 @@ class ChunkExecutor:
         return len(self._chunk) if self.horizon is None else min(self.horizon, len(self._chunk))
 
     def _left(self) -> int:
+        if self.ensemble is not None:
+            return max((len(chunk) - i for chunk, i in self._blend), default=0)
         return max(self._usable() - self._index, 0)
+
+    def _blended(self) -> np.ndarray:
+        """The weighted mean of every running chunk's action for this tick (oldest first, ``exp(-ensemble * i)``),
+        one action on in each."""
+        self._blend = [entry for entry in self._blend if entry[1] < len(entry[0])]
+        weights = np.exp(-self.ensemble * np.arange(len(self._blend)))
+        action = sum(w * chunk[i] for w, (chunk, i) in zip(weights, self._blend)) / weights.sum()
+        for entry in self._blend:
+            entry[1] += 1
+        return action
 
     def _request(self, obs: dict[str, Any]) -> None:
         self.stats.requests += 1
@@ -303,6 +328,8 @@ class ChunkExecutor:
             self.stats.stale += usable
             return
         self._chunk, self._index = chunk, late
+        if self.ensemble is not None:
+            self._blend.append([chunk[:usable], late])
         self.stats.stale += late
         self.stats.chunks += 1
 

@@ -1,7 +1,7 @@
 """A simulated robot for a policy server: Meta-World in real time at its control rate, driven by ``ChunkExecutor``.
 
     python -m vla.serve.robot --port 8000 [--host 127.0.0.1] [--task push-v3] [--episodes 5] [--mode overlapped]
-        [--k K] [--every K [--connections N]] [--api-key KEY]
+        [--k K] [--every K [--connections N] [--temporal-ensemble C]] [--api-key KEY]
 
 The client half of "On a robot" in the README, and what ``scripts/bench_serve.py`` runs: the world steps every
 ``1 / env.fps`` seconds whatever the network does (``Rate``); the executor supplies an action each tick. It waits
@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--connections", type=int, default=4, help="with --every: connections, the most requests on their way"
     )
+    parser.add_argument(
+        "--temporal-ensemble",
+        type=float,
+        default=None,
+        metavar="COEFF",
+        help="with --every: blend each reply with the chunks still running (ACT's temporal ensembling, ACT: 0.01)",
+    )
     args = parser.parse_args(argv)
 
     from vla.sim.metaworld_env import MetaWorldEnv
@@ -82,7 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     policy = client.metadata.get("policy", {})
     env = MetaWorldEnv(args.task, max_steps=args.max_steps)
     horizon = policy.get("n_action_steps") if args.mode == "sync" else policy.get("time_horizon")
-    executor = ChunkExecutor(clients, control_hz=env.fps, k=args.k, horizon=horizon, mode=args.mode, every=args.every)
+    executor = ChunkExecutor(
+        clients,
+        control_hz=env.fps,
+        k=args.k,
+        horizon=horizon,
+        mode=args.mode,
+        every=args.every,
+        ensemble=args.temporal_ensemble,
+    )
     results = []
     try:
         for e in range(args.episodes):
