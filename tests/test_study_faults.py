@@ -17,9 +17,10 @@ import pytest
 
 from vla.cli import main as cli
 from vla.study import load_study
+from vla.study.commands import identity, train_command
 from vla.study.lock import LOCK_FILE
 from vla.study.report import write_results
-from vla.study.runner import finished, identity, train_command
+from vla.study.runner import finished
 
 ROOT = Path(__file__).parents[1]
 

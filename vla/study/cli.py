@@ -36,8 +36,9 @@ def add_cli(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from vla.study.commands import train_command
     from vla.study.records import RUNS_FILE, read_runs
-    from vla.study.runner import check_results_folder, check_training_arguments, plan, run_study, train_command
+    from vla.study.runner import check_results_folder, check_training_arguments, plan, run_study
     from vla.study.spec import load_study
 
     study = load_study(args.study)

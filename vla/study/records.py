@@ -9,7 +9,7 @@ from earlier versions of the study file: a seed removed, a run trained again aft
 is never dropped: it moves to ``earlier_runs``, and before a rewrite changes or moves one, the file is copied to
 ``runs.json.<UTC time>.bak`` beside it. A file that cannot be read is refused, never replaced.
 
-A run's ``identity`` is what produced it (``vla.study.runner.identity``): its training command without the output
+A run's ``identity`` is what produced it (``vla.study.commands.identity``): its training command without the output
 folder, the base config's content, the evaluation and the threads. ``changes`` names the first difference between
 a record's and the study file's; a record from before identities existed is matched by what it holds (its
 ``provenance.command``, threads, and the evaluation in the study block of its ``runs.json``).

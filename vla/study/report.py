@@ -14,7 +14,8 @@ from typing import Any
 
 from vla.io import atomic_write_text
 from vla.provenance import provenance
-from vla.study.records import FORMAT, RUNS_FILE, merged, read_runs, write_runs
+from vla.study.commands import identity
+from vla.study.records import FORMAT, RUNS_FILE, changes, legacy_identity, merged, read_runs, write_runs
 from vla.study.spec import MIN_SEEDS, Study, check_study
 from vla.study.stats import aggregate, compare
 
@@ -223,8 +224,6 @@ def rewrite(results: Path, study: Study | None = None) -> dict[str, Any]:
 def _check_same_runs(study: Study, summary: dict[str, Any], results: Path) -> None:
     """A study file given to ``vla study table`` describes the page: refused when it asks for other settings than
     produced a recorded run (the page would state the new settings over the old results)."""
-    from vla.study.records import changes, legacy_identity
-    from vla.study.runner import identity
 
     runs = {run.id: run for run in study.runs()}
     for record in summary["runs"]:

@@ -25,24 +25,21 @@ missing.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from vla.io import write_json
 from vla.provenance import dataset_fingerprint, git_state, portable_command, provenance
 from vla.run_folder import RunFolder
+from vla.study.commands import eval_command, identity, train_command, vla_command
 from vla.study.lock import Children, Stopped, StudyLock
 from vla.study.records import (
     RUN_FILE,
@@ -59,10 +56,6 @@ IDENTITY_FILE = "identity.json"  # written into a run's folder before its traini
 PAGES = ("README.md", "success.png")  # what vla study run writes beside runs.json
 
 
-def _python(*args: str) -> list[str]:
-    return [sys.executable, "-m", "vla.cli", *args]
-
-
 def ensure_dataset(study: Study, log=print, children: Children | None = None) -> Path:
     """The study's dataset, recorded with ``study.record`` when it is missing."""
     root = Path(study.dataset)
@@ -74,7 +67,7 @@ def ensure_dataset(study: Study, log=print, children: Children | None = None) ->
             "record it first or add `record: [...]` (vla data record arguments)"
         )
     log(f"recording the study's dataset into {root}")
-    cmd = _python("data", "record", *study.record, "--root", str(root), "--quiet")
+    cmd = vla_command("data", "record", *study.record, "--root", str(root), "--quiet")
     code = (children or Children()).run(cmd)
     if code != 0:
         raise RuntimeError(
@@ -82,64 +75,6 @@ def ensure_dataset(study: Study, log=print, children: Children | None = None) ->
             "study's 'record' arguments or record the dataset yourself"
         )
     return root
-
-
-def train_command(study: Study, run: Run, folder: Path) -> list[str]:
-    """``vla train`` for one run (``execute`` adds ``--resume=true`` when the run has a checkpoint)."""
-    return _python(
-        "train",
-        "--config_path",
-        study.config,
-        f"--dataset_root={study.dataset}",
-        *run.overrides,
-        f"--seed={run.seed}",
-        f"--output_dir={folder / 'train'}",
-        "--progress=false",
-    )
-
-
-def eval_command(study: Study, folder: Path) -> list[str]:
-    ev = study.eval
-    return _python(
-        "eval",
-        "--policy",
-        str(RunFolder(folder / "train").policy),
-        "--env",
-        ev["env"],
-        "--task",
-        ev["task"],
-        "--episodes",
-        str(ev["episodes"]),
-        "--out",
-        str(folder / "eval"),
-        *ev["args"],
-    )
-
-
-def config_digest(path: str | Path) -> str | None:
-    """The sha256 of a YAML config's content (its values, not its comments or layout); None when it is missing."""
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return None
-    try:
-        canonical = json.dumps(yaml.safe_load(text), sort_keys=True, default=str)
-    except yaml.YAMLError:
-        canonical = text
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def identity(study: Study, run: Run) -> dict[str, Any]:
-    """What produces a run: its full training command (the output folder left out), the base config's content, the
-    evaluation and the torch threads. A finished run counts for the study only while this has not changed."""
-    command = ["vla", *train_command(study, run, Path("."))[3:]]
-    return {
-        "train": without_output_dir(portable_command(command)),
-        "config": study.config,
-        "config_sha256": config_digest(study.config),
-        "eval": {k: study.eval[k] for k in ("env", "task", "episodes", "args")},
-        "threads": study.threads,
-    }
 
 
 def _folder_identity(folder: Path, wants: dict[str, Any]) -> dict[str, Any]:
