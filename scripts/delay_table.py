@@ -37,6 +37,7 @@ import torch
 from vla.evaluate import EVAL_SEED_START, evaluate
 from vla.io import atomic_write_text
 from vla.provenance import provenance
+from vla.run_folder import EVAL_INFO
 
 
 class Scheme(NamedTuple):
@@ -141,7 +142,7 @@ def study_eval(policy: str, env: str, episodes: int, max_steps: int) -> dict | N
     """The evaluation a study run made of ``policy`` with no delay (``<run>/eval/eval_info.json`` beside its
     ``train/policy``) when it is the one asked here: the same task, episodes, first seed and step limit, at the
     policy's own actions per chunk, one beam and no ensemble. None otherwise (evaluated here)."""
-    path = Path(policy).parent.parent / "eval" / "eval_info.json"
+    path = Path(policy).parent.parent / "eval" / EVAL_INFO
     if not path.is_file():
         return None
     report = json.loads(path.read_text())

@@ -30,7 +30,7 @@ from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
 from vla.policy.commit_search import REFUSES_COMMITTED
 from vla.policy.saved_config import check_policy_folder
-from vla.run_folder import RunFolder
+from vla.run_folder import EVAL_INFO, RunFolder
 from vla.sim import EVAL_SEED_START, env_names, make_env
 from vla.sim.rollout import run_episodes, summarize
 
@@ -458,7 +458,7 @@ def _report(results: list, names: list[str], env_name: str, episodes: int, seed_
 def _write(out_dir: Path, report: dict[str, Any], frames: dict[int, list[np.ndarray]], env_name: str) -> None:
     """``eval_info.json`` (and per task ``eval_tasks.md`` / ``.png``; the GIF ``rollouts.gif``) in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / "eval_info.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out_dir / EVAL_INFO, json.dumps(report, indent=2) + "\n")
     if "tasks" in report:
         rates = {"success": task_rates(report)}
         atomic_write_text(out_dir / "eval_tasks.md", task_table(rates))

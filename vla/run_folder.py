@@ -18,6 +18,7 @@ LOSS_PLOT = "loss.png"
 HELDOUT = "heldout.json"  # the run's held-out (and training) episode ids
 HELDOUT_PLOT = "heldout.png"
 REPORT = "offline_report"  # .json, .md, .png
+EVAL_INFO = "eval_info.json"  # what `vla eval --out DIR` writes into DIR (a study run's eval/)
 RUN_FILES = (
     CHECKPOINTS,
     CONFIG,

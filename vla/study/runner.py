@@ -38,7 +38,7 @@ from typing import Any
 
 from vla.io import write_json
 from vla.provenance import dataset_fingerprint, git_state, portable_command, provenance
-from vla.run_folder import RunFolder
+from vla.run_folder import EVAL_INFO, RunFolder
 from vla.study.commands import eval_command, identity, train_command, vla_command
 from vla.study.lock import Children, Stopped, StudyLock
 from vla.study.records import (
@@ -177,7 +177,7 @@ def _resumable(cmd: list[str], train_dir: Path) -> list[str]:
 
 def _read_eval(folder: Path, run: Run) -> dict[str, Any]:
     """The run's ``eval_info.json``, checked; a broken one is named with the fix (the run's record elsewhere stays)."""
-    path = folder / "eval" / "eval_info.json"
+    path = folder / "eval" / EVAL_INFO
     try:
         report = json.loads(path.read_text())
         _episodes(report)
@@ -212,7 +212,7 @@ def execute(
         for stage in ("train", "eval"):
             if stage == "train" and RunFolder(folder / "train").policy.is_dir():
                 continue
-            if stage == "eval" and (folder / "eval" / "eval_info.json").is_file():
+            if stage == "eval" and (folder / "eval" / EVAL_INFO).is_file():
                 continue
             if stage == "train":
                 cmd = _resumable(train_command(study, run, folder), folder / "train")
