@@ -123,7 +123,7 @@ def run(
                 "path": policy,
                 "scheme": scheme,
                 "delay_ms_each_way": each_way,
-                "ensemble": ensemble,
+                "ensemble": report.get("temporal_ensemble"),  # the policy's own when it has one
                 **{k: report.get(k) for k in ("success_rate", "episodes", "decode_ms", "delay_steps", "every")},
                 **{k: report[k] for k in ("held_steps_mean", "switch_jump_mean", "step_change_mean", "mean_length")},
                 "successes": report["successes"],

@@ -271,6 +271,20 @@ def test_an_ensemble_behind_a_delay_weights_the_oldest_most_and_holds_only_when_
     assert short[:2] == [0, 1] and short[2:4] == [None, None]
 
 
+def test_a_blended_reply_whose_every_action_is_stale_changes_nothing():
+    # A first chunk of 10, then replies of 3 behind a 4-step delay: each lands after 4 actions ran, all of its own
+    # stale, so the first chunk runs on alone, and no step counts as a hand-over.
+    queue = DelayedQueue(None, 4, ahead=True, every=1, ensemble=0.01)
+    ran, switched = [], []
+    for s in range(10):
+        if queue.needs_chunk():
+            queue.add(np.arange(10.0)[:, None] if s == 0 else np.full((3, 1), -1.0))
+        ran.append(float(queue.pop()[0]))
+        switched.append(queue.switched)
+    assert ran == list(np.arange(10.0)) and switched == [True] + [False] * 9
+    assert queue.committed() is None  # blended actions are no one chunk's: none to send
+
+
 def test_an_ensemble_behind_a_delay_needs_requests_every_k_steps():
     with pytest.raises(ValueError, match="every"):
         DelayedQueue(None, 3, ahead=True, ensemble=0.01)

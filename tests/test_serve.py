@@ -545,6 +545,17 @@ def test_an_ensembling_executor_blends_each_reply_with_the_chunks_still_running(
         ChunkExecutor([Recorder()], control_hz=200, ensemble=0.01)
 
 
+def test_replies_landing_within_one_tick_all_join_the_blend_and_only_the_newest_replaces():
+    for ensemble, blended in ((0.01, 2), (None, 0)):
+        executor = ChunkExecutor([Recorder(size=6)] * 2, control_hz=200, every=1, ensemble=ensemble)
+        executor.reset()
+        for number in (2, 1):  # landed out of order, before the robot's next tick
+            executor._fetch({"tick": 0}, ran=0, epoch=executor._epoch, number=number)
+        executor._adopt(fresh_start=True)
+        assert len(executor._blend) == blended and executor.stats.chunks == max(blended, 1)
+        executor.close()
+
+
 def test_every_needs_the_overlapped_mode_and_refuses_committed_actions():
     with pytest.raises(ValueError, match="overlapped mode"):
         ChunkExecutor([Recorder()], control_hz=200, every=2, mode="sync")

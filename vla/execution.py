@@ -178,8 +178,9 @@ class DelayedQueue:
             chunk, _, ran = self._replies.pop(0)
             skip = self._ran - ran if self.ahead else 0  # the actions that ran while it was on its way
             if self.ensemble is not None:
-                self._blend.append([chunk[..., skip:, :], 0])
-                self._chunk, self._new = self._blend[-1][0], True  # the newest, for needs_chunk's first request
+                if chunk.shape[-2] > skip:  # a reply whose every action is stale adds nothing to the blend
+                    self._blend.append([chunk[..., skip:, :], 0])
+                    self._chunk, self._new = self._blend[-1][0], True  # the newest; needs_chunk's first request
                 continue
             self._chunk, self._next, self._new = chunk[..., skip:, :], 0, True
             size = self._chunk.shape[-2]
@@ -219,8 +220,8 @@ class DelayedQueue:
         """The actions that will run while a reply asked for now is on its way, as far as they are known: with
         ``ahead``, the running chunk's next ``delay_steps`` (fewer when it ends first: the robot then holds, or when a
         reply already on its way lands first: its actions are not known yet), ``[d, D]``; none otherwise (the robot
-        holds), and none before the first chunk."""
-        if not self.ahead or self._chunk is None:
+        holds), and none before the first chunk or when replies are blended."""
+        if not self.ahead or self._chunk is None or self.ensemble is not None:  # blended: not one chunk's actions
             return None
         known = min([self.delay_steps] + [wait for _, wait, _ in self._replies])
         return self._chunk[..., self._next : self._next + known, :]

@@ -171,9 +171,9 @@ class ChunkExecutor:
         """Start an episode: forget the chunk and the last action; a reply still in flight is discarded."""
         with self._lock:
             self._epoch = getattr(self, "_epoch", 0) + 1
-            # the latest reply, the actions run when it was asked, and its request's number (an older one never
-            # replaces a newer one)
-            self._arrived: tuple[np.ndarray, int, int] | None = None
+            # the replies landed since the last tick: (chunk, the actions run when it was asked, its request's
+            # number); an older one never replaces a newer one, and with ensemble each joins the blend
+            self._arrived: list[tuple[np.ndarray, int, int]] = []
             self._asked = self._adopted = 0  # requests sent, and the number of the one adopted, this episode
         self._inflight: list[concurrent.futures.Future] = []
         self._since = 0  # ticks since the last request
@@ -306,32 +306,34 @@ class ChunkExecutor:
         with self._lock:
             if epoch != self._epoch:  # a reply for an episode that has ended
                 return
-            if self._arrived is None or self._arrived[2] < number:
-                self._arrived = (chunk, ran, number)
+            self._arrived.append((chunk, ran, number))
             self._recent_rtt.append(rtt_ms)
             self.stats.round_trip_ms.append(rtt_ms)
 
     def _adopt(self, fresh_start: bool = False) -> None:
         """Switch to a chunk that has arrived, dropping its first actions, meant for those that ran while it was on its
-        way (not for ticks the robot held: it paused, and the chunk goes on from where it stopped)."""
+        way (not for ticks the robot held: it paused, and the chunk goes on from where it stopped). Of several landed
+        since the last tick, the newest; with ``ensemble`` every one joins the blend, in the order they were asked."""
         self._inflight = [f for f in self._inflight if not f.done()]
         with self._lock:
-            arrived, self._arrived = self._arrived, None
-            if arrived is None or arrived[2] < self._adopted:  # none, or older than the chunk running
-                return
-            self._adopted = arrived[2]
-        chunk, ran, _ = arrived
-        late = 0 if (fresh_start or self.mode == "sync") else self.stats.executed - ran
-        usable = len(chunk) if self.horizon is None else min(self.horizon, len(chunk))
-        if late >= usable:
-            self.stats.wasted_chunks += 1
-            self.stats.stale += usable
-            return
-        self._chunk, self._index = chunk, late
-        if self.ensemble is not None:
-            self._blend.append([chunk[:usable], late])
-        self.stats.stale += late
-        self.stats.chunks += 1
+            arrived, self._arrived = sorted(self._arrived, key=lambda a: a[2]), []
+        if self.ensemble is None:
+            arrived = arrived[-1:]
+        for chunk, ran, number in arrived:
+            if number < self._adopted:  # older than the chunk running (or, blended, the newest in the blend)
+                continue
+            self._adopted = number
+            late = 0 if (fresh_start or self.mode == "sync") else self.stats.executed - ran
+            usable = len(chunk) if self.horizon is None else min(self.horizon, len(chunk))
+            if late >= usable:
+                self.stats.wasted_chunks += 1
+                self.stats.stale += usable
+                continue
+            self._chunk, self._index = chunk, late
+            if self.ensemble is not None:
+                self._blend.append([chunk[:usable], late])
+            self.stats.stale += late
+            self.stats.chunks += 1
 
     def close(self) -> None:
         """Stop the request thread (after the request in flight, if any, has its answer or its timeout)."""

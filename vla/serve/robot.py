@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         help="with --every: blend each reply with the chunks still running (ACT's temporal ensembling, ACT: 0.01)",
     )
     args = parser.parse_args(argv)
+    if args.temporal_ensemble is not None and args.every is None:
+        parser.error("--temporal-ensemble blends the replies of requests sent every K ticks: add --every K")
 
     from vla.sim.metaworld_env import MetaWorldEnv
 
