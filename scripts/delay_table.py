@@ -60,7 +60,7 @@ SCHEMES = {
 
 
 def commits(policy_dir: str) -> bool:
-    """Whether the policy decodes after committed actions (``VLAPolicy.commit_scheme``: forced or searched)."""
+    """Whether the policy decodes after committed actions (``VLAPolicy.commit_scheme``: conditioned, forced or searched)."""
     from vla.policy.modeling_vla import VLAPolicy
 
     return VLAPolicy.from_pretrained(policy_dir).commit_scheme is not None
@@ -230,8 +230,8 @@ def markdown(cells: list[dict], args) -> str:
         "rate; the simulator steps meanwhile (`vla eval --delay-ms`). *When empty*: the robot asks when its chunk has "
         "run and holds until the reply; *ahead*: it asks that many actions early and skips the reply's actions for "
         "the steps that ran meanwhile; *ahead + commit*: it also sends the actions that will run meanwhile, and the "
-        "policy decodes its chunk after them (binning: its first ids forced; other tokenizers: the decoded chunk "
-        "nearest them of several, a search); *every decode*: it asks ahead every decode time's worth of steps, several "
+        "policy decodes its chunk after them (a policy trained with `commit_condition`: read beside the state; binning: "
+        "its first ids forced; other tokenizers: the decoded chunk nearest them of several, a search); *every decode*: it asks ahead every decode time's worth of steps, several "
         "replies on their way, each skipping the actions that ran meanwhile; *+ ensemble*: each landing reply blended "
         f"with the chunks still running (ACT's temporal ensembling, coefficient {ACT_ENSEMBLE}). The decode time is measured once per policy, and once more with "
         "committed actions. The jump is the mean |a_t - a_(t-1)| where a new chunk takes over (within "

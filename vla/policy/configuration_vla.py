@@ -139,6 +139,12 @@ class VLAConfig(PreTrainedConfig):
     # the one whose first actions are nearest the committed ones sent (a search under the constraint; the samples
     # decoded as one batch of B * (commit_search - 1) rows). 0 refuses committed actions for such a policy. Time-local tokenizers (bin) force the ids instead
     commit_search: int = 8
+    # Committed-prefix conditioning: > 0 trains the policy to read up to this many committed actions beside the state
+    # (each training chunk shows its first d ~ U{0..n} actions to the prefix, normalised, with a mask), so that a chunk
+    # asked while actions run continues them (--commit behind a delay; more than n are cut to the first n). Needs the
+    # state in the prefix as embeddings (state_encoding "embedding", a state). 0 = off: committed actions are forced
+    # (bin) or searched for (commit_search)
+    commit_condition: int = 0
     constrained: bool = True  # mask logits with the tokenizer's constraint (False only for ablations)
     use_kv_cache: bool = True  # prefill once and decode from the KV cache (False recomputes every step)
     # "autoregressive": one action id per forward pass (pi0-FAST); "parallel": one learned query slot per id of a
@@ -369,6 +375,13 @@ class VLAConfig(PreTrainedConfig):
             "commit_search",
             self.commit_search,
             f"use 0 (refuse committed actions) .. {MAX_COMMIT_SEARCH} chunks decoded per observation",
+        )
+        _check(
+            self.commit_condition >= 0 and (self.commit_condition == 0 or self.state_encoding == "embedding"),
+            "commit_condition",
+            self.commit_condition,
+            "use 0 (off) or a number of actions >= 1 with state_encoding='embedding' (the committed actions are read "
+            "beside the state)",
         )
         self.check_num_beams(self.num_beams)
         try:

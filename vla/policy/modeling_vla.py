@@ -113,6 +113,12 @@ class VLAPolicy(PreTrainedPolicy):
                 "give one per state dim or None (vla train fits it)"
             )
         config.validate_features()
+        if config.commit_condition and not config.state_dim:
+            raise ValueError(
+                f"VLAConfig.commit_condition = {config.commit_condition} shows committed actions beside the state, "
+                "but this policy reads no state (state_dim 0); use commit_condition=0 (committed actions are then "
+                "forced or searched for)"
+            )
         constraint = self.action_tokenizer.constraint(time_horizon=config.time_horizon, action_dim=config.action_dim)
         slots = self._query_slots(constraint)
         self.vocab = self._vocabulary(text_tokenizer_dir)
@@ -128,7 +134,8 @@ class VLAPolicy(PreTrainedPolicy):
             attn_implementation=config.attn_implementation,
             dtype=DTYPES[config.dtype],
             seed=config.init_seed,
-            state_dim=config.state_dim * config.n_obs_steps,  # a history's frames side by side
+            # a history's frames side by side, then the committed actions shown beside them (commit_condition)
+            state_dim=config.state_dim * config.n_obs_steps + config.commit_condition * (config.action_dim + 1),
             state_tokens=config.state_tokens if config.state_encoding == "embedding" and config.state_dim else 0,
             query_slots=slots,
             vision_encoder=config.vision_encoder,
@@ -198,6 +205,7 @@ class VLAPolicy(PreTrainedPolicy):
             action_state_dims=config.action_state_dims,
             obs_steps=config.n_obs_steps,
             state_delta_scale=config.state_delta_scale,
+            commit_condition=config.commit_condition,
         )
 
     def _check_vocab_rows(self, backbone_config: Any) -> None:
@@ -272,9 +280,12 @@ class VLAPolicy(PreTrainedPolicy):
 
     @property
     def commit_scheme(self) -> str | None:
-        """How the policy decodes after committed actions (``vla.execution.COMMITTED``): ``"forced"`` (its tokenizer's
-        ids are time-local: the chunk begins with their ids), ``"search"`` (the decoded chunk nearest them, of
-        ``config.commit_search``), None (refused: ``commit_search`` is 0)."""
+        """How the policy decodes after committed actions (``vla.execution.COMMITTED``): ``"conditioned"`` (trained
+        to read them beside the state: ``config.commit_condition``), ``"forced"`` (its tokenizer's ids are time-local:
+        the chunk begins with their ids), ``"search"`` (the decoded chunk nearest them, of ``config.commit_search``),
+        None (refused: ``commit_search`` is 0)."""
+        if self.config.commit_condition:
+            return "conditioned"
         if self.action_tokenizer.time_local:
             return "forced"
         return "search" if self.config.commit_search > 0 else None
@@ -290,7 +301,8 @@ class VLAPolicy(PreTrainedPolicy):
         normalized = bool(batch.get(NORMALIZED))
         prompt = run(self.pipeline.prompt, batch)
         gen, out = self._decoded(prompt, batch, normalized, self.config.temperature, generator)
-        if COMMITTED in batch and not self.action_tokenizer.time_local and any(len(c) for c in batch[COMMITTED]):
+        searched = self.commit_scheme in ("search", None)  # None: _search refuses, saying why
+        if COMMITTED in batch and searched and any(len(c) for c in batch[COMMITTED]):
             gen, out = self._search(batch, gen, out, generator)
         chunks = torch.as_tensor(np.where(np.isfinite(out[ACTION]), out[ACTION], 0.0), dtype=torch.float32)
         self._fall_back(chunks, out["valid"], out["errors"], normalized)

@@ -16,6 +16,8 @@ Each step is a small frozen dataclass over a *batch* (a dict, the contract below
     "committed_actions"            list of float [d, D]   raw, per row: the actions that will run before the chunk
                                                           arrives (committed-prefix decoding; ``vla.execution``)
     "forced_ids"                   list[list[int]]        the ids each chunk must begin with (CommitActions)
+    "committed_input"              float [B, n * D + n]   committed actions shown to the prefix beside the state
+                                                          (ShowCommitted; ``VLAConfig.commit_condition`` = n)
     "vla.normalized"               bool                   set by LeRobot's processor step (vla.policy.processor_vla):
                                                           state and action arrive normalised, and leave normalised
 
@@ -30,6 +32,7 @@ intermediate for debugging (``vla inspect`` draws them).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ from vla.policy.images import IMAGES, ShiftImages, StackImages
 
 Batch = dict[str, Any]
 ACTION_IDS, SEQUENCE, FORCED_IDS = "action_ids", "sequence", "forced_ids"
+COMMITTED_INPUT = "committed_input"  # float [B, n * D + n]: committed actions as the prefix reads them (ShowCommitted)
 NORMALIZED = "vla.normalized"  # LeRobot's pre-processor normalised the batch (its post-processor unnormalises)
 # What a policy built without statistics (from its config and features alone) says of a batch it cannot normalise
 WITHOUT_STATS = (
@@ -193,6 +197,63 @@ class CommitActions:
 
 
 @dataclass(frozen=True)
+class ShowCommitted:
+    """Committed-prefix conditioning (``VLAConfig.commit_condition`` = n): what the prefix reads of the actions that
+    run before the chunk lands, ``committed_input`` [B, n * D + n]: the first d <= n of them normalised (zeros after),
+    then a mask (1 for each step given). ``AppendCommitted`` puts it beside the normalised state.
+
+    In training (``sample=True``, after ``Normalize``) each row shows its own chunk's first d ~ U{0..n} actions (the
+    batch's ``action``, normalised and relative as the model predicts it), so the model learns to continue them.
+    In a prompt (before ``Normalize``: it reads the raw state) the raw ``committed_actions`` are made relative where
+    the policy's actions are and normalised; rows without any (the episode's first request, no delay) show none.
+    More than n are cut to the first n."""
+
+    n: int
+    action_dim: int
+    action: at.Normalizer | None = None
+    relative: RelativeActions | None = None
+    sample: bool = False
+
+    def __call__(self, batch: Batch) -> Batch:
+        b = len(batch["task"])
+        values, mask = np.zeros((b, self.n, self.action_dim)), np.zeros((b, self.n))
+        if self.sample:
+            chunks = np.asarray(_numpy(batch, ACTION), dtype=np.float64)[:, : self.n]
+            shown = torch.randint(0, self.n + 1, (b,)).numpy()  # the DataLoader seeds torch in each worker
+            mask[np.arange(self.n)[None] < shown[:, None]] = 1.0
+            values[:, : chunks.shape[1]] = chunks * mask[:, : chunks.shape[1], None]
+        elif COMMITTED in batch:
+            if self.action is None:
+                raise ValueError(WITHOUT_STATS)
+            if batch.get(NORMALIZED):
+                raise ValueError(
+                    "committed actions are raw actions; run the policy through its own pipeline, not LeRobot's"
+                )
+            offset = None
+            if self.relative is not None:
+                offset = _state_offset(batch, self.relative.mask, self.relative.action_state_dims)[:, 0]  # [B, D]
+            for r, actions in enumerate(batch[COMMITTED]):
+                actions = np.asarray(actions, dtype=np.float64).reshape(-1, self.action_dim)[: self.n]
+                if len(actions):
+                    relative = actions - offset[r] if offset is not None else actions
+                    values[r, : len(actions)] = self.action.normalize(relative)
+                    mask[r, : len(actions)] = 1.0
+        return {**batch, COMMITTED_INPUT: np.concatenate([values.reshape(b, -1), mask], axis=1).astype(np.float32)}
+
+
+@dataclass(frozen=True)
+class AppendCommitted:
+    """The normalised state [B, S] (after ``EncodeHistory``) with ``committed_input`` after it: [B, S + n * D + n],
+    what the state encoder reads."""
+
+    def __call__(self, batch: Batch) -> Batch:
+        state, extra = batch[OBS_STATE], batch[COMMITTED_INPUT]
+        if isinstance(state, torch.Tensor):
+            return {**batch, OBS_STATE: torch.cat([state, torch.as_tensor(extra, dtype=state.dtype)], dim=1)}
+        return {**batch, OBS_STATE: np.concatenate([np.asarray(state, dtype=np.float32), extra], axis=1)}
+
+
+@dataclass(frozen=True)
 class EncodeHistory:
     """A normalised state history [B, n, S] (oldest first) -> what the prefix reads, [B, n * S]: the current frame,
     then its change since each earlier frame, ``scale * (s_t - s_{t-k})`` for k = 1 .. n-1. A frame's motion is a
@@ -293,8 +354,13 @@ class Pipeline:
 
     @property
     def measuring(self) -> tuple[Transform, ...]:
-        """``training`` without its random augmentation: held-out losses are measured on the images as they are."""
-        return tuple(step for step in self.training if not isinstance(step, ShiftImages))
+        """``training`` without its random augmentation: held-out losses are measured on the images as they are, and
+        with no committed actions shown."""
+        return tuple(
+            dataclasses.replace(step, sample=False) if isinstance(step, ShowCommitted) else step
+            for step in self.training
+            if not isinstance(step, ShiftImages)
+        )
 
     @classmethod
     def build(
@@ -314,10 +380,12 @@ class Pipeline:
         action_state_dims: Sequence[int] | None = None,
         obs_steps: int = 1,
         state_delta_scale: Sequence[float] | None = None,
+        commit_condition: int = 0,
     ) -> Pipeline:
         """``image_shift``: pixels of random shift in training (``ShiftImages``; 0 = none).
         ``relative_actions``: a mask per action dimension (None = all absolute); the model then predicts those
-        dimensions relative to the state's ``action_state_dims``, and the action normaliser must be fitted on them."""
+        dimensions relative to the state's ``action_state_dims``, and the action normaliser must be fitted on them.
+        ``commit_condition`` = n > 0: up to n committed actions shown beside the state (``ShowCommitted``)."""
         shapes = (state_dim, tuple(image_keys), time_horizon, action_dim)
         normalize = Normalize(state_normalizer, action_normalizer)
         history = (
@@ -328,12 +396,19 @@ class Pipeline:
         if relative_actions is not None and any(relative_actions):
             parts = (tuple(bool(m) for m in relative_actions), tuple(int(i) for i in action_state_dims))
             relative, absolute = (RelativeActions(*parts),), (AbsoluteActions(*parts),)
+        shown = lambda **kw: ShowCommitted(commit_condition, action_dim, **kw)  # noqa: E731
+        sample, show, append = (), (), ()
+        if commit_condition:
+            sample, append = (shown(sample=True),), (AppendCommitted(),)
+            show = (shown(action=action_normalizer, relative=relative[0] if relative else None),)
         return cls(
             training=(
                 CheckBatch(*shapes, actions=True, obs_steps=obs_steps),
                 *relative,
                 normalize,
+                *sample,
                 *history,
+                *append,
                 images,
                 ShiftImages(image_shift),
                 TokenizeActions(tokenizer),
@@ -341,9 +416,10 @@ class Pipeline:
             ),
             prompt=(
                 CheckBatch(*shapes, actions=False, obs_steps=obs_steps),
-                CommitActions(tokenizer, action_normalizer, relative[0] if relative else None),
+                *(show or (CommitActions(tokenizer, action_normalizer, relative[0] if relative else None),)),
                 normalize,
                 *history,
+                *append,
                 images,
                 BuildPrompt(layout),
             ),

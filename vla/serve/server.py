@@ -393,7 +393,8 @@ class PolicyServer:
 
 def _decodes_after_committed(policy) -> bool:
     """Whether ``policy`` can begin a chunk with the actions a request says will run meanwhile
-    (``VLAPolicy.commit_scheme``: forced for time-local ids, a search otherwise, unless the policy refuses them)."""
+    (``VLAPolicy.commit_scheme``: read beside the state by a policy trained to, forced for time-local ids, a search
+    otherwise, unless the policy refuses them)."""
     return getattr(policy, "commit_scheme", None) is not None
 
 
