@@ -1,15 +1,11 @@
-"""A policy's parts besides its config (``PolicyParts``: the action tokenizer and the normalisers) and what they are
-fitted on, written once for ``vla train`` (``vla.policy.factory``) and for LeRobot's factory: the action chunks of the
-training episodes as the model predicts them, relative to the chunk's first state on the dimensions the config makes
-relative. LeRobot builds ``VLAPolicy(config, dataset_stats=..., dataset_meta=...)`` itself; ``lerobot_parts`` turns
-what it hands over into parts, so that ``VLAPolicy`` only assembles them."""
+"""What a policy's normaliser and tokenizer are fitted on, written once for ``vla train`` (``vla.policy.factory``) and
+for LeRobot's trainer (``VLAPolicy`` given a dataset): the action chunks of the training episodes as the model
+predicts them, relative to the chunk's first state on the dimensions the config makes relative."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import action_tokenizers as at
 import numpy as np
@@ -19,51 +15,9 @@ from vla.data import columns, reader
 from vla.model.text import prompt_words
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.pipeline import RelativeActions
-from vla.policy.processor_vla import normalizer_from_stats
 from vla.tokenizer_choice import parse_choice
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PolicyParts:
-    """What a ``VLAPolicy`` is built from besides its config. No normalisers: a policy built from its config and
-    features alone (LeRobot's ``policy_cls(config)``), which reads only batches its pre-processor normalised."""
-
-    action_tokenizer: at.ActionTokenizer
-    action_normalizer: at.Normalizer | None = None
-    state_normalizer: at.Normalizer | None = None
-
-
-def lerobot_parts(
-    config: VLAConfig,
-    action_tokenizer: at.ActionTokenizer | None = None,
-    action_normalizer: at.Normalizer | None = None,
-    state_normalizer: at.Normalizer | None = None,
-    dataset_stats: dict[str, dict[str, Any]] | None = None,
-    dataset_meta: Any = None,
-) -> PolicyParts:
-    """The parts as given, the missing ones from what LeRobot's factory hands over: the normalisers from the dataset's
-    stats (the ones LeRobot's pre-processor is built from, so both normalise alike), the tokenizer from
-    ``config.action_tokenizer_path`` or fitted on the dataset's chunks (``policy_tokenizer``). With neither
-    normalisers nor stats, none (LeRobot's ``policy_cls(config)``). Completes ``config`` as LeRobot saves it: no
-    state (``state_dim`` 0) when the features name none, and the data's fps."""
-    without_stats = action_normalizer is None and dataset_stats is None
-    if action_normalizer is None and not without_stats:
-        action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
-    # No state (an image-only policy): state_dim 0, or LeRobot's features naming no state (a dataset without one).
-    features = config.input_features
-    if config.state_dim is None and state_normalizer is None and features and OBS_STATE not in features:
-        config.state_dim = 0
-    if config.state_dim == 0 or without_stats:
-        state_normalizer = None
-    elif state_normalizer is None:
-        state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
-    if action_tokenizer is None:
-        action_tokenizer = policy_tokenizer(config, getattr(dataset_meta, "root", None), action_normalizer)
-    if config.fps is None and getattr(dataset_meta, "fps", None):  # LeRobot's trainer: the data's rate, recorded
-        config.fps = float(dataset_meta.fps)
-    return PolicyParts(action_tokenizer, action_normalizer, state_normalizer)
 
 
 def predicted_chunks(info: reader.DatasetInfo, config: VLAConfig, episodes: list[int] | None) -> np.ndarray:

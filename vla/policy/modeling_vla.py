@@ -60,9 +60,9 @@ from vla.policy.commit_search import (
 )
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.decode_info import DecodeInfo, DecodeStats
-from vla.policy.fitting import lerobot_parts
+from vla.policy.fitting import policy_tokenizer
 from vla.policy.pipeline import ACTION_IDS, FORCED_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
-from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors
+from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
 from vla.policy.saved_config import check_dataset_fits, check_same_policy, load_policy_config
 
 logger = logging.getLogger(__name__)
@@ -94,17 +94,10 @@ class VLAPolicy(PreTrainedPolicy):
         text_tokenizer_dir: str | Path | None = None,
         backbone_config: dict | None = None,
         dataset_meta: Any = None,  # LeRobot's factory: the dataset, to fit a tokenizer on when no path is given
+        **_: Any,
     ):
-        """Assembles the model, layout and data pipeline from ``config`` and the parts; fits nothing. The parts come
-        built (``vla.policy.factory``, ``from_pretrained``), or from what LeRobot's factory hands over
-        (``dataset_stats``, ``dataset_meta``: ``vla.policy.fitting.lerobot_parts``)."""
         super().__init__(config)
-        parts = lerobot_parts(
-            config, action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta
-        )
-        self.action_tokenizer = parts.action_tokenizer
-        self.action_normalizer = parts.action_normalizer
-        self.state_normalizer = parts.state_normalizer
+        self._set_parts(action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta)
         self._resolve_dims()
         scale = config.state_delta_scale
         if scale is not None and len(scale) != config.state_dim:
@@ -164,6 +157,30 @@ class VLAPolicy(PreTrainedPolicy):
         self.last_decode_info: DecodeInfo | None = None
         self.reset()  # the executor (chunks -> one action per call) and the state history of select_action
         self._previous_action: torch.Tensor | None = None  # [B, D] raw, the last action select_action returned
+
+    def _set_parts(self, action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta) -> None:
+        """The tokenizer and normalisers as given, else from LeRobot's dataset stats (and the tokenizer fitted on its
+        dataset); the data's fps recorded when LeRobot's trainer gives it. With neither normalisers nor stats (LeRobot's
+        ``policy_cls(config)``) none: the policy then reads only batches its pre-processor normalised."""
+        config = self.config
+        without_stats = action_normalizer is None and dataset_stats is None
+        if action_normalizer is None and not without_stats:
+            action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
+        # No state (an image-only policy): state_dim 0, or LeRobot's features naming no state (a dataset without one).
+        features = config.input_features
+        if config.state_dim is None and state_normalizer is None and features and OBS_STATE not in features:
+            config.state_dim = 0
+        if config.state_dim == 0 or without_stats:
+            state_normalizer = None
+        elif state_normalizer is None:
+            state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
+        if action_tokenizer is None:
+            action_tokenizer = policy_tokenizer(config, getattr(dataset_meta, "root", None), action_normalizer)
+        if config.fps is None and getattr(dataset_meta, "fps", None):  # LeRobot's trainer: the data's rate, recorded
+            config.fps = float(dataset_meta.fps)
+        self.action_tokenizer = action_tokenizer
+        self.action_normalizer = action_normalizer
+        self.state_normalizer = state_normalizer
 
     def _query_slots(self, constraint) -> int:
         """Parallel decoding's query slots, one per id (the chunk's length must be known before decoding); 0 for
