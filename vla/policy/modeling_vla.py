@@ -94,7 +94,6 @@ class VLAPolicy(PreTrainedPolicy):
         text_tokenizer_dir: str | Path | None = None,
         backbone_config: dict | None = None,
         dataset_meta: Any = None,  # LeRobot's factory: the dataset, to fit a tokenizer on when no path is given
-        **_: Any,
     ):
         super().__init__(config)
         self._set_parts(action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta)
