@@ -16,10 +16,10 @@ empty``), asking ahead (``--ahead``), and asking ahead with the actions that wil
 nearest them (``VLAPolicy.commit_scheme``); and asking ahead every decode time's worth of steps (``--ahead --every
 decode``), several replies on their way, as often as a server decoding one request at a time keeps up with, and
 the same with each landing reply blended with the chunks still running (``--temporal-ensemble 0.01``, ACT's).
-``--schemes`` runs some of them (the rows of the others already in the table are kept). Writes ``delay.json`` (every
-evaluation's settings and figures, with provenance; rewritten after each evaluation, and a stopped table of the
-same settings continues from it), ``README.md`` (mean success over the policies, each policy's,
-the steps held and the jump at the hand-over) and ``delay.png``.
+``--schemes`` runs some of them. Writes ``delay.json`` (every evaluation's settings and figures, with provenance;
+rewritten after each evaluation: a table of the same task, episodes and step limit continues from it and keeps its
+rows, whatever policies, delays or schemes are asked now), ``README.md`` (mean success over the policies, each
+policy's, the steps held and the jump at the hand-over) and ``delay.png``.
 """
 
 from __future__ import annotations
@@ -157,10 +157,11 @@ def study_eval(policy: str, env: str, episodes: int, max_steps: int) -> dict | N
     return report
 
 
-def earlier_rows(path: Path, env: str, episodes: int, max_steps: int, policies: dict[str, str], delays: list[float]):
-    """The rows of a table written before at ``path`` with the same task, episodes and step limit (a stopped run
-    continues from them), of the policies and delays asked now; none when there is none or it asked something
-    else."""
+def earlier_rows(path: Path, env: str, episodes: int, max_steps: int, policies: dict[str, str]):
+    """The rows of a table written before at ``path`` with the same task, episodes and step limit: a stopped run
+    continues from them, and a table asked for other policies, delays or schemes adds its rows to them. A row of a
+    policy name now given another folder is dropped (that policy is evaluated again); none when there is no table or
+    it asked another task, episodes or step limit."""
     if not path.is_file():
         return []
     record = json.loads(path.read_text())
@@ -168,8 +169,7 @@ def earlier_rows(path: Path, env: str, episodes: int, max_steps: int, policies: 
     if (asked.get("env"), asked.get("episodes"), asked.get("max_steps")) != (env, episodes, max_steps):
         print(f"note: {path} holds evaluations of other settings; they are replaced")
         return []
-    asked_now = {None, *delays}
-    return [r for r in record["rows"] if policies.get(r["policy"]) == r["path"] and r["delay_ms_each_way"] in asked_now]
+    return [r for r in record["rows"] if policies.get(r["policy"], r["path"]) == r["path"]]
 
 
 def study_policies(results: Path, work: Path | None) -> dict[str, str]:
@@ -219,12 +219,13 @@ def table(rows: list[dict]) -> list[dict]:
     return out
 
 
-def markdown(cells: list[dict], args) -> str:
+def markdown(cells: list[dict], args, paths: dict[str, str]) -> str:
+    """The page: every policy of the table (``paths``: name -> folder), not only those asked this time."""
     lines = [
         "# Closed-loop success behind a network delay (`scripts/delay_table.py`)",
         "",
         f"{args.env}, {args.episodes} episodes per policy and setting (at most {args.max_steps} steps), "
-        f"{len(args.policy)} policies: {', '.join(args.policy)}; a run's training seeds pool (its name without "
+        f"{len(paths)} policies: {', '.join(f'{k}={v}' for k, v in paths.items())}; a run's training seeds pool (its name without "
         "-s<seed>). A reply arrives the round trip (twice "
         "the one-way delay) plus the measured decode time after its observation, in control steps at the simulator's "
         "rate; the simulator steps meanwhile (`vla eval --delay-ms`). *When empty*: the robot asks when its chunk has "
@@ -319,13 +320,14 @@ def main() -> None:
     unknown = [s for s in schemes if s not in SCHEMES]
     if unknown:
         parser.error(f"--schemes: unknown {', '.join(map(repr, unknown))}; the schemes: {', '.join(SCHEMES)}")
-    done = earlier_rows(args.out / "delay.json", args.env, args.episodes, args.max_steps, policies, delays)
+    done = earlier_rows(args.out / "delay.json", args.env, args.episodes, args.max_steps, policies)
 
     def write(rows: list[dict]) -> None:  # after every evaluation: a stopped table loses one evaluation at most
         cells = table(rows)
         record = {"rows": rows, "cells": cells, "provenance": provenance(config=config, threads=args.threads)}
         atomic_write_text(args.out / "delay.json", json.dumps(record, indent=2) + "\n")
-        atomic_write_text(args.out / "README.md", markdown(cells, args))
+        paths = {r["policy"]: r["path"] for r in rows}
+        atomic_write_text(args.out / "README.md", markdown(cells, args, paths))
         plot(cells, args.out / "delay.png")
 
     write(

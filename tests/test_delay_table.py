@@ -75,13 +75,14 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     assert again["rows"][: len(record["rows"])] == record["rows"] and len(again["rows"]) == len(record["rows"]) + 9
     assert {r["decode_ms"] for r in again["rows"] if r["policy"] == "b" and r["decode_ms"]} == decodes_b
 
-    calls.clear()  # a shorter table: only the rows asked now are kept, and nothing is run again
+    calls.clear()  # a narrower table (one policy, one delay) runs nothing and loses no row
     monkeypatch.setattr(
         sys, "argv", argv[:3] + ["--episodes", "1", "--max-steps", "8", "--delays", "50"] + ["--out", str(out)]
     )
     module.main()
     kept = json.loads((out / "delay.json").read_text())["rows"]
-    assert calls == [] and [(r["policy"], r["delay_ms_each_way"]) for r in kept] == [("b", None)] + [("b", 50.0)] * 5
+    assert calls == [] and kept == again["rows"]
+    assert "2 policies: b=" in (out / "README.md").read_text()
 
     # --schemes runs only those asked; the rows of the others stay
     monkeypatch.setattr(
@@ -94,7 +95,7 @@ def test_each_policy_runs_every_scheme_it_allows_at_one_decode_time(tiny_dataset
     module.main()
     rows = json.loads((out / "delay.json").read_text())["rows"]
     assert calls == [150.0] and [r["scheme"] for r in rows if r["delay_ms_each_way"] == 75.0] == ["ahead"]
-    assert len([r for r in rows if r["delay_ms_each_way"] == 50.0]) == 5
+    assert len([r for r in rows if r["delay_ms_each_way"] == 50.0]) == 9  # both policies' rows kept
     monkeypatch.setattr(sys, "argv", argv + ["--schemes", "sideways", "--out", str(out)])
     with pytest.raises(SystemExit):
         module.main()
