@@ -14,15 +14,15 @@ from vla.policy.pipeline import COMMITTED_INPUT, AppendCommitted, RelativeAction
 N, T, D = 3, 5, 2
 
 
-def test_training_rows_show_their_own_first_actions_a_random_number_of_them():
+def test_training_rows_show_none_or_their_own_first_actions_a_random_number_of_them():
     torch.manual_seed(0)
     chunks = np.random.default_rng(0).uniform(-1, 1, (400, T, D))
     out = ShowCommitted(N, D, sample=True)({"task": ["push"] * 400, "action": chunks})[COMMITTED_INPUT]
     assert out.shape == (400, N * D + N) and out.dtype == np.float32
     values, mask = out[:, : N * D].reshape(400, N, D), out[:, N * D :]
     shown = mask.sum(axis=1).astype(int)
-    assert set(shown) == {0, 1, 2, 3}  # every d in 0..n, about equally often
-    assert min(np.bincount(shown)) > 60
+    counts = np.bincount(shown, minlength=N + 1)
+    assert 160 < counts[0] < 240 and all(counts[1:] > 40)  # none for about half the rows, then every d in 1..n
     for r in range(400):  # the mask is a prefix, the values the chunk's own first actions, zeros after
         d = shown[r]
         assert np.all(mask[r, :d] == 1) and np.all(mask[r, d:] == 0)

@@ -140,7 +140,7 @@ class VLAConfig(PreTrainedConfig):
     # decoded as one batch of B * (commit_search - 1) rows). 0 refuses committed actions for such a policy. Time-local tokenizers (bin) force the ids instead
     commit_search: int = 8
     # Committed-prefix conditioning: > 0 trains the policy to read up to this many committed actions beside the state
-    # (each training chunk shows its first d ~ U{0..n} actions to the prefix, normalised, with a mask), so that a chunk
+    # (half the training chunks show none, the others their first d ~ U{1..n} actions, normalised, with a mask), so that a chunk
     # asked while actions run continues them (--commit behind a delay; more than n are cut to the first n). Needs the
     # state in the prefix as embeddings (state_encoding "embedding", a state). 0 = off: committed actions are forced
     # (bin) or searched for (commit_search)

@@ -202,8 +202,9 @@ class ShowCommitted:
     run before the chunk lands, ``committed_input`` [B, n * D + n]: the first d <= n of them normalised (zeros after),
     then a mask (1 for each step given). ``AppendCommitted`` puts it beside the normalised state.
 
-    In training (``sample=True``, after ``Normalize``) each row shows its own chunk's first d ~ U{0..n} actions (the
-    batch's ``action``, normalised and relative as the model predicts it), so the model learns to continue them.
+    In training (``sample=True``, after ``Normalize``) each row shows its own chunk's first d actions (the batch's
+    ``action``, normalised and relative as the model predicts it), so the model learns to continue them: none for
+    half the rows, as many requests have nothing running, else d ~ U{1..n}.
     In a prompt (before ``Normalize``: it reads the raw state) the raw ``committed_actions`` are made relative where
     the policy's actions are and normalised; rows without any (the episode's first request, no delay) show none.
     More than n are cut to the first n."""
@@ -219,7 +220,10 @@ class ShowCommitted:
         values, mask = np.zeros((b, self.n, self.action_dim)), np.zeros((b, self.n))
         if self.sample:
             chunks = np.asarray(_numpy(batch, ACTION), dtype=np.float64)[:, : self.n]
-            shown = torch.randint(0, self.n + 1, (b,)).numpy()  # the DataLoader seeds torch in each worker
+            # half the rows none (a request with nothing running: the episode's first, no delay), the others 1..n;
+            # the DataLoader seeds torch in each worker
+            shown = torch.randint(1, self.n + 1, (b,)) * (torch.rand(b) < 0.5)
+            shown = shown.numpy()
             mask[np.arange(self.n)[None] < shown[:, None]] = 1.0
             values[:, : chunks.shape[1]] = chunks * mask[:, : chunks.shape[1], None]
         elif COMMITTED in batch:
