@@ -14,10 +14,13 @@ from vla.policy.pipeline import COMMITTED_INPUT, AppendCommitted, RelativeAction
 N, T, D = 3, 5, 2
 
 
-def test_training_rows_show_none_or_their_own_first_actions_a_random_number_of_them():
-    torch.manual_seed(0)
+def test_training_rows_show_none_or_their_own_first_actions_as_many_as_their_digest_says():
     chunks = np.random.default_rng(0).uniform(-1, 1, (400, T, D))
-    out = ShowCommitted(N, D, sample=True)({"task": ["push"] * 400, "action": chunks})[COMMITTED_INPUT]
+    step = ShowCommitted(N, D, T, sample=True)
+    out = step({"task": ["push"] * 400, "action": chunks})[COMMITTED_INPUT]
+    # the same chunk shows the same actions in any batch, any worker, after any resume
+    again = step({"task": ["push"] * 3, "action": chunks[[7, 0, 7]]})[COMMITTED_INPUT]
+    np.testing.assert_array_equal(again, out[[7, 0, 7]])
     assert out.shape == (400, N * D + N) and out.dtype == np.float32
     values, mask = out[:, : N * D].reshape(400, N, D), out[:, N * D :]
     shown = mask.sum(axis=1).astype(int)
@@ -33,7 +36,7 @@ def test_training_rows_show_none_or_their_own_first_actions_a_random_number_of_t
 def test_a_request_shows_its_committed_actions_relative_and_normalised_and_none_without():
     normalizer = at.Normalizer("quantile", offset=np.array([1.0, -1.0]), scale=np.array([2.0, 4.0]))
     relative = RelativeActions(mask=(True, False), action_state_dims=(1, 0))
-    show = ShowCommitted(N, D, action=normalizer, relative=relative)
+    show = ShowCommitted(N, D, T, action=normalizer, relative=relative)
     state = np.array([[10.0, 20.0], [0.0, 0.0]])
     committed = [np.array([[21.0, 5.0], [23.0, 9.0], [25.0, 1.0], [99.0, 99.0]]), np.zeros((0, D))]
     out = show({"task": ["a", "b"], "observation.state": state, COMMITTED: committed})[COMMITTED_INPUT]
@@ -42,6 +45,9 @@ def test_a_request_shows_its_committed_actions_relative_and_normalised_and_none_
     expected = normalizer.normalize(committed[0][:N] - np.array([20.0, 0.0]))
     np.testing.assert_allclose(values[0], expected, rtol=1e-6)
     assert mask.tolist() == [[1, 1, 1], [0, 0, 0]] and np.all(values[1] == 0)
+    for bad, why in (([np.full((1, D), np.nan), committed[1]], "finite"), (committed[:1], "one per row")):
+        with pytest.raises(ValueError, match=why):
+            show({"task": ["a", "b"], "observation.state": state, COMMITTED: bad})
     bare = show({"task": ["a"], "observation.state": state[:1]})[COMMITTED_INPUT]
     assert np.all(bare == 0)  # no request committed anything: the episode's first chunk
     appended = AppendCommitted()({"observation.state": torch.ones(2, 4), COMMITTED_INPUT: out})["observation.state"]
@@ -100,3 +106,14 @@ def test_conditioning_needs_the_state_as_embeddings():
         VLAConfig(preset="micro", commit_condition=2, state_encoding="text")
     with pytest.raises(ValueError, match="commit_condition"):
         VLAConfig(preset="micro", commit_condition=-1)
+
+
+def test_a_policy_refuses_to_condition_on_more_actions_than_a_chunk_or_without_a_state():
+    from tests.test_policy import T as POLICY_T
+    from tests.test_policy import make_policy
+
+    assert make_policy("bin", commit_condition=POLICY_T).commit_scheme == "conditioned"  # bin too: not forced
+    with pytest.raises(ValueError, match="more actions than a chunk"):
+        make_policy("bin", commit_condition=POLICY_T + 1)
+    with pytest.raises(ValueError, match="reads no state"):
+        make_policy("bin", commit_condition=2, state_dim=0)

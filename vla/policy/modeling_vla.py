@@ -105,6 +105,11 @@ class VLAPolicy(PreTrainedPolicy):
                 "give one per state dim or None (vla train fits it)"
             )
         config.validate_features()
+        if config.commit_condition > config.time_horizon:
+            raise ValueError(
+                f"VLAConfig.commit_condition = {config.commit_condition} is more actions than a chunk's "
+                f"{config.time_horizon}: use at most time_horizon"
+            )
         if config.commit_condition and not config.state_dim:
             raise ValueError(
                 f"VLAConfig.commit_condition = {config.commit_condition} shows committed actions beside the state, "

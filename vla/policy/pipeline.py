@@ -46,6 +46,7 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from vla.execution import COMMITTED
 from vla.model.sequence import SequenceLayout
 from vla.policy.checks import CheckBatch, _numpy
+from vla.policy.commit_search import checked_committed
 from vla.policy.images import IMAGES, ShiftImages, StackImages
 
 Batch = dict[str, Any]
@@ -204,28 +205,36 @@ class ShowCommitted:
 
     In training (``sample=True``, after ``Normalize``) each row shows its own chunk's first d actions (the batch's
     ``action``, normalised and relative as the model predicts it), so the model learns to continue them: none for
-    half the rows, as many requests have nothing running, else d ~ U{1..n}.
+    half the chunks, as many requests have nothing running, else d in 1..n, uniformly over the chunks. d is drawn
+    from a digest of the chunk itself (``shown``), not from a random state, so a run is the same batch for batch
+    whatever its DataLoader workers and when resumed.
     In a prompt (before ``Normalize``: it reads the raw state) the raw ``committed_actions`` are made relative where
     the policy's actions are and normalised; rows without any (the episode's first request, no delay) show none.
     More than n are cut to the first n."""
 
     n: int
     action_dim: int
+    time_horizon: int
     action: at.Normalizer | None = None
     relative: RelativeActions | None = None
     sample: bool = False
+
+    def shown(self, chunks: np.ndarray) -> np.ndarray:
+        """int [B]: how many of each training chunk's first actions it shows: 0 for about half of the chunks, else
+        1..min(n, T), read off a digest of the chunk's values."""
+        digests = [hashlib.blake2b(c.tobytes(), digest_size=8).digest() for c in np.ascontiguousarray(chunks)]
+        draws = np.array([int.from_bytes(d, "little") for d in digests], dtype=np.uint64)
+        most = min(self.n, self.time_horizon)
+        return np.where(draws % 2 == 0, 0, 1 + (draws >> np.uint64(1)) % np.uint64(most)).astype(np.int64)
 
     def __call__(self, batch: Batch) -> Batch:
         b = len(batch["task"])
         values, mask = np.zeros((b, self.n, self.action_dim)), np.zeros((b, self.n))
         if self.sample:
-            chunks = np.asarray(_numpy(batch, ACTION), dtype=np.float64)[:, : self.n]
-            # half the rows none (a request with nothing running: the episode's first, no delay), the others 1..n;
-            # the DataLoader seeds torch in each worker
-            shown = torch.randint(1, self.n + 1, (b,)) * (torch.rand(b) < 0.5)
-            shown = shown.numpy()
-            mask[np.arange(self.n)[None] < shown[:, None]] = 1.0
-            values[:, : chunks.shape[1]] = chunks * mask[:, : chunks.shape[1], None]
+            chunks = np.asarray(_numpy(batch, ACTION), dtype=np.float64)
+            mask[np.arange(self.n)[None] < self.shown(chunks)[:, None]] = 1.0
+            head = chunks[:, : self.n]
+            values[:, : head.shape[1]] = head * mask[:, : head.shape[1], None]
         elif COMMITTED in batch:
             if self.action is None:
                 raise ValueError(WITHOUT_STATS)
@@ -236,8 +245,12 @@ class ShowCommitted:
             offset = None
             if self.relative is not None:
                 offset = _state_offset(batch, self.relative.mask, self.relative.action_state_dims)[:, 0]  # [B, D]
-            for r, actions in enumerate(batch[COMMITTED]):
-                actions = np.asarray(actions, dtype=np.float64).reshape(-1, self.action_dim)[: self.n]
+            if len(batch[COMMITTED]) != b:
+                raise ValueError(
+                    f"committed actions for {len(batch[COMMITTED])} rows in a batch of {b}: send one per row"
+                )
+            for r, actions in enumerate(checked_committed(batch[COMMITTED], self.action_dim, self.time_horizon)):
+                actions = actions[: self.n]
                 if len(actions):
                     relative = actions - offset[r] if offset is not None else actions
                     values[r, : len(actions)] = self.action.normalize(relative)
@@ -400,7 +413,7 @@ class Pipeline:
         if relative_actions is not None and any(relative_actions):
             parts = (tuple(bool(m) for m in relative_actions), tuple(int(i) for i in action_state_dims))
             relative, absolute = (RelativeActions(*parts),), (AbsoluteActions(*parts),)
-        shown = lambda **kw: ShowCommitted(commit_condition, action_dim, **kw)  # noqa: E731
+        shown = lambda **kw: ShowCommitted(commit_condition, action_dim, time_horizon, **kw)  # noqa: E731
         sample, show, append = (), (), ()
         if commit_condition:
             sample, append = (shown(sample=True),), (AppendCommitted(),)

@@ -11,7 +11,8 @@ the last n states of the episode at the control rate (``vla.execution.StateHisto
 as far apart as in training) and sends them as ``[n, S]``, oldest first, with each request.
 With ``commit`` (the default when the server's policy decodes after them: ``metadata["policy"]["committed_actions"]``)
 an overlapped request carries the actions the robot will run while it is on its way (``committed_actions``: what is
-left of the current chunk), and the chunk that comes back begins with them (committed-prefix decoding).
+left of the current chunk), and the chunk that comes back is decoded knowing them (committed-prefix decoding: forced,
+searched for or conditioned, the policy's ``commit_scheme``).
 With ``every=K`` (overlapped) a request leaves every K ticks whether or not the last one has landed, several on their
 way, each on a connection of its own (``infer`` a list of clients: openpi's protocol answers one request at a time per
 connection); each reply replaces the running chunk when it lands, unless a later request's reply landed first, so a

@@ -118,7 +118,7 @@ class ObservationReader:
             horizon, dim = self.committed
             out[COMMITTED] = (
                 f"float [d, {dim}], optional, d <= {horizon}: the actions that will run before the reply arrives; the "
-                "chunk then begins with them, and the rest is decoded after them"
+                "chunk is decoded knowing them (the policy's commit scheme: forced, searched for or conditioned)"
             )
         return out
 
