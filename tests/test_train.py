@@ -129,10 +129,13 @@ def test_debug_config_trains_on_a_fixture_dataset(tiny_dataset_root, tmp_path):
 
 
 def test_workers_pack_the_same_batches(tiny_dataset_root, tmp_path):
-    """Tokenising and packing in two DataLoader workers gives the run the main process gives."""
-    main_process = train.main(config(tiny_dataset_root, tmp_path / "a", steps=3))
-    workers = train.main(config(tiny_dataset_root, tmp_path / "b", steps=3, num_workers=2))
-    np.testing.assert_allclose(workers["losses"], main_process["losses"], rtol=1e-6)
+    """Tokenising and packing in two DataLoader workers gives the run the main process gives, committed actions
+    shown to the prefix (``commit_condition``) included."""
+    policy = VLAConfig(preset="micro", time_horizon=4, n_action_steps=2, device="cpu", commit_condition=3)
+    for name, kw in (("plain", {}), ("committed", {"policy": policy})):
+        main_process = train.main(config(tiny_dataset_root, tmp_path / name / "a", steps=3, **dict(kw)))
+        workers = train.main(config(tiny_dataset_root, tmp_path / name / "b", steps=3, num_workers=2, **dict(kw)))
+        np.testing.assert_allclose(workers["losses"], main_process["losses"], rtol=1e-6)
 
 
 def test_normalisers_come_from_the_training_frames(tiny_dataset_root, tmp_path):
