@@ -30,6 +30,24 @@ from typing import Any
 COMMITTED = "committed_actions"
 
 
+def check_coefficient(coeff: float) -> None:
+    """A temporal-ensemble coefficient: a finite number >= 0."""
+    if not (math.isfinite(coeff) and coeff >= 0):
+        raise ValueError(f"the temporal-ensemble coefficient must be a finite number >= 0 (ACT uses 0.01), got {coeff}")
+
+
+def blend(entries: list[list], coeff: float) -> Any:
+    """ACT's temporal ensemble of ``entries`` (``[chunk, index of its current step]``, oldest first, each with an
+    action left): the weighted mean of their current actions, weights ``exp(-coeff * i)``; every index one step on."""
+    total, norm = None, 0.0
+    for i, entry in enumerate(entries):
+        w = math.exp(-coeff * i)
+        term = entry[0][..., entry[1], :] * w
+        total, norm = term if total is None else total + term, norm + w
+        entry[1] += 1
+    return total / norm
+
+
 class ChunkQueue:
     """Runs the first ``n_action_steps`` actions of each chunk (all of them when None), then wants a new one."""
 
@@ -68,10 +86,7 @@ class TemporalEnsemble:
     still covering it predicted for it (oldest first, weights ``exp(-coeff * i)``)."""
 
     def __init__(self, coeff: float, every: int = 1) -> None:
-        if not math.isfinite(coeff) or coeff < 0:
-            raise ValueError(
-                f"the temporal-ensemble coefficient must be a finite number >= 0 (ACT uses 0.01), got {coeff}"
-            )
+        check_coefficient(coeff)
         if every < 1:
             raise ValueError(f"a temporal ensemble asks for a chunk every n >= 1 steps, got {every}")
         self.coeff, self.every = float(coeff), int(every)
@@ -91,17 +106,10 @@ class TemporalEnsemble:
     def pop(self) -> Any:
         if not self._chunks:
             raise RuntimeError("no action left: add a chunk first (needs_chunk() says when)")
-        total, norm = None, 0.0
-        for i, (chunk, t) in enumerate(self._chunks):
-            w = math.exp(-self.coeff * i)
-            term = chunk[..., t, :] * w
-            total = term if total is None else total + term
-            norm += w
-        for entry in self._chunks:
-            entry[1] += 1
+        total = blend(self._chunks, self.coeff)
         self._chunks = [entry for entry in self._chunks if entry[1] < entry[0].shape[-2]]
         self._since += 1
-        return total / norm
+        return total
 
 
 class DelayedQueue:
@@ -154,10 +162,8 @@ class DelayedQueue:
                 f"ensemble = {ensemble} behind a delay blends the replies on their way: it needs requests every k "
                 "steps (every=k with ahead=True; --ahead --every K|decode)"
             )
-        if ensemble is not None and not (math.isfinite(ensemble) and ensemble >= 0):
-            raise ValueError(
-                f"the temporal-ensemble coefficient must be a finite number >= 0 (ACT uses 0.01), got {ensemble}"
-            )
+        if ensemble is not None:
+            check_coefficient(ensemble)
         self.n_action_steps, self.delay_steps, self.ahead = n_action_steps, int(delay_steps), bool(ahead)
         self.every, self.ensemble = every, ensemble
         self.reset()
@@ -206,15 +212,7 @@ class DelayedQueue:
         """The weighted mean of every running chunk's action for this step (oldest first, ``exp(-ensemble * i)``), one
         step on in each; None when all have run out."""
         self._blend = [entry for entry in self._blend if entry[1] < entry[0].shape[-2]]
-        if not self._blend:
-            return None
-        total, norm = None, 0.0
-        for i, entry in enumerate(self._blend):
-            w = math.exp(-self.ensemble * i)
-            term = entry[0][..., entry[1], :] * w
-            total, norm = term if total is None else total + term, norm + w
-            entry[1] += 1
-        return total / norm
+        return blend(self._blend, self.ensemble) if self._blend else None
 
     def committed(self) -> Any:
         """The actions that will run while a reply asked for now is on its way, as far as they are known: with
@@ -299,4 +297,4 @@ def executor(
     return TemporalEnsemble(ensemble, every=n_action_steps or 1)
 
 
-__all__ = ["ChunkQueue", "DelayedQueue", "StateHistory", "TemporalEnsemble", "executor"]
+__all__ = ["ChunkQueue", "DelayedQueue", "StateHistory", "TemporalEnsemble", "blend", "check_coefficient", "executor"]

@@ -40,7 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from vla.execution import COMMITTED, StateHistory  # plain Python: the robot side still needs no torch
+from vla.execution import (  # plain Python: the robot side still needs no torch
+    COMMITTED,
+    StateHistory,
+    blend,
+    check_coefficient,
+)
 from vla.serve.client import STATE_KEYS, PolicyClient
 
 logger = logging.getLogger(__name__)
@@ -124,11 +129,13 @@ class ChunkExecutor:
         every: int | None = None,
         ensemble: float | None = None,
     ):
-        if ensemble is not None and (every is None or not (math.isfinite(ensemble) and ensemble >= 0)):
+        if ensemble is not None and every is None:
             raise ValueError(
                 f"ensemble = {ensemble}: a temporal ensemble blends the replies on their way, so it needs every=K "
-                "(requests every K ticks) and a finite coefficient >= 0 (ACT's 0.01)"
+                "(requests every K ticks)"
             )
+        if ensemble is not None:
+            check_coefficient(ensemble)
         if mode not in ("overlapped", "sync"):
             raise ValueError(f"mode must be 'overlapped' or 'sync', got {mode!r}")
         if k is not None and k < 0:
@@ -274,11 +281,7 @@ class ChunkExecutor:
         """The weighted mean of every running chunk's action for this tick (oldest first, ``exp(-ensemble * i)``),
         one action on in each."""
         self._blend = [entry for entry in self._blend if entry[1] < len(entry[0])]
-        weights = np.exp(-self.ensemble * np.arange(len(self._blend)))
-        action = sum(w * chunk[i] for w, (chunk, i) in zip(weights, self._blend)) / weights.sum()
-        for entry in self._blend:
-            entry[1] += 1
-        return action
+        return blend(self._blend, self.ensemble)
 
     def _request(self, obs: dict[str, Any]) -> None:
         self.stats.requests += 1
