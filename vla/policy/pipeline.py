@@ -33,6 +33,7 @@ intermediate for debugging (``vla inspect`` draws them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -169,32 +170,40 @@ class CommitActions:
 
     tokenizer: at.ActionTokenizer
     action: at.Normalizer | None
+    time_horizon: int
     relative: RelativeActions | None = None
 
     def __call__(self, batch: Batch) -> Batch:
         if COMMITTED not in batch:
             return batch
-        if self.action is None:
-            raise ValueError(WITHOUT_STATS)
-        if batch.get(NORMALIZED):
-            raise ValueError(
-                "committed actions are raw actions; run the policy through its own pipeline, not LeRobot's"
-            )
+        rows = committed_rows(batch, self.action, self.relative, self.time_horizon)
         if not self.tokenizer.time_local:  # ids that mix the chunk's steps: the policy searches its chunks instead
             return batch
-        dim, offset = len(np.atleast_1d(self.action.scale)), None
-        if self.relative is not None:
-            offset = _state_offset(batch, self.relative.mask, self.relative.action_state_dims)[:, 0]  # [B, D]
-        forced = []
-        for r, actions in enumerate(batch[COMMITTED]):
-            actions = np.asarray(actions, dtype=np.float64).reshape(-1, dim)
-            if not len(actions):
-                forced.append([])
-                continue
-            if offset is not None:
-                actions = actions - offset[r]
-            forced.extend(self.tokenizer.prefix_ids(self.action.normalize(actions)[None]))
+        forced = [self.tokenizer.prefix_ids(actions[None])[0] if len(actions) else [] for actions in rows]
         return {**batch, FORCED_IDS: forced}
+
+
+def committed_rows(
+    batch: Batch, action: at.Normalizer | None, relative: RelativeActions | None, time_horizon: int
+) -> list[np.ndarray]:
+    """Each row's raw ``committed_actions`` as the model predicts actions: checked (finite, at most a chunk, one
+    entry per row), made relative to the raw state where the policy's actions are, and normalised; float [d, D]
+    (d may be 0). What ``CommitActions`` forces and ``ShowCommitted`` shows."""
+    if action is None:
+        raise ValueError(WITHOUT_STATS)
+    if batch.get(NORMALIZED):
+        raise ValueError("committed actions are raw actions; run the policy through its own pipeline, not LeRobot's")
+    b = len(batch["task"])
+    if len(batch[COMMITTED]) != b:
+        raise ValueError(f"committed actions for {len(batch[COMMITTED])} rows in a batch of {b}: send one per row")
+    offset = None
+    if relative is not None:
+        offset = _state_offset(batch, relative.mask, relative.action_state_dims)[:, 0]  # [B, D]
+    rows = checked_committed(batch[COMMITTED], len(np.atleast_1d(action.scale)), time_horizon)
+    return [
+        action.normalize(actions - offset[r] if offset is not None else actions) if len(actions) else actions
+        for r, actions in enumerate(rows)
+    ]
 
 
 @dataclass(frozen=True)
@@ -236,25 +245,10 @@ class ShowCommitted:
             head = chunks[:, : self.n]
             values[:, : head.shape[1]] = head * mask[:, : head.shape[1], None]
         elif COMMITTED in batch:
-            if self.action is None:
-                raise ValueError(WITHOUT_STATS)
-            if batch.get(NORMALIZED):
-                raise ValueError(
-                    "committed actions are raw actions; run the policy through its own pipeline, not LeRobot's"
-                )
-            offset = None
-            if self.relative is not None:
-                offset = _state_offset(batch, self.relative.mask, self.relative.action_state_dims)[:, 0]  # [B, D]
-            if len(batch[COMMITTED]) != b:
-                raise ValueError(
-                    f"committed actions for {len(batch[COMMITTED])} rows in a batch of {b}: send one per row"
-                )
-            for r, actions in enumerate(checked_committed(batch[COMMITTED], self.action_dim, self.time_horizon)):
+            for r, actions in enumerate(committed_rows(batch, self.action, self.relative, self.time_horizon)):
                 actions = actions[: self.n]
-                if len(actions):
-                    relative = actions - offset[r] if offset is not None else actions
-                    values[r, : len(actions)] = self.action.normalize(relative)
-                    mask[r, : len(actions)] = 1.0
+                values[r, : len(actions)] = actions
+                mask[r, : len(actions)] = 1.0
         return {**batch, COMMITTED_INPUT: np.concatenate([values.reshape(b, -1), mask], axis=1).astype(np.float32)}
 
 
@@ -413,7 +407,7 @@ class Pipeline:
         if relative_actions is not None and any(relative_actions):
             parts = (tuple(bool(m) for m in relative_actions), tuple(int(i) for i in action_state_dims))
             relative, absolute = (RelativeActions(*parts),), (AbsoluteActions(*parts),)
-        shown = lambda **kw: ShowCommitted(commit_condition, action_dim, time_horizon, **kw)  # noqa: E731
+        shown = functools.partial(ShowCommitted, commit_condition, action_dim, time_horizon)
         sample, show, append = (), (), ()
         if commit_condition:
             sample, append = (shown(sample=True),), (AppendCommitted(),)
@@ -433,7 +427,10 @@ class Pipeline:
             ),
             prompt=(
                 CheckBatch(*shapes, actions=False, obs_steps=obs_steps),
-                *(show or (CommitActions(tokenizer, action_normalizer, relative[0] if relative else None),)),
+                *(
+                    show
+                    or (CommitActions(tokenizer, action_normalizer, time_horizon, relative[0] if relative else None),)
+                ),
                 normalize,
                 *history,
                 *append,
