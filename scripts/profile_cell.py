@@ -10,6 +10,12 @@ policy's episodes run to the step limit, so per-step shares are what to read. Ea
 its functions (outermost calls only: a recursive or nested call is not counted twice); stages nest where the code
 nests (the prefill and the decoding loop are inside the policy's call), so they are not meant to sum to 100%. On the
 CPU torch runs synchronously, so a function's wall time is its work. Writes ``profile.json`` and ``README.md``.
+
+Arithmetic: a second short run of each recipe counts the floating-point operations of its forward and backward
+passes (``torch.utils.flop_counter``: matrix products, attention, convolutions), so the forward + backward seconds of
+the timed run give the rate the model's own arithmetic ran at; beside it, the rate of one float32 matrix product of
+the model's own largest shape (its MLP's, for the tokens of a batch) and of a large one, on the same thread. A step
+whose rate is near the matrix product's is bound by its arithmetic: only less arithmetic makes it faster.
 """
 
 from __future__ import annotations
@@ -107,16 +113,60 @@ def measured(fn, stages):
     return result, wall, dict(totals)
 
 
-def profile_recipe(recipe: str, dataset: Path, steps: int, episodes: int, out: Path) -> dict:
-    from vla import evaluate, train
+@contextmanager
+def counted_flops(targets: list[tuple[str, str]]):
+    """Floating-point operations inside the calls of ``targets`` while the block runs (``total`` filled in as it
+    goes), each call counted by its own ``FlopCounterMode``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    total = {"flops": 0}
+    undo = []
+    for module, path in targets:
+        *parents, attr = path.split(".")
+        owner = importlib.import_module(module)
+        for part in parents:
+            owner = getattr(owner, part)
+        original = getattr(owner, attr)
+
+        def wrapper(*args, __original=original, **kwargs):
+            counter = FlopCounterMode(display=False)
+            with counter:
+                result = __original(*args, **kwargs)
+            total["flops"] += counter.get_total_flops()
+            return result
+
+        functools.update_wrapper(wrapper, original)
+        setattr(owner, attr, wrapper)
+        undo.append((owner, attr, original))
+    try:
+        yield total
+    finally:
+        for owner, attr, original in reversed(undo):
+            setattr(owner, attr, original)
+
+
+def matmul_rate(rows: int, inner: int, cols: int, seconds: float = 1.0) -> float:
+    """GFLOP/s of float32 ``[rows, inner] @ [inner, cols]`` on this thread, repeated for ``seconds``."""
+    import torch
+
+    a, b = torch.randn(rows, inner), torch.randn(inner, cols)
+    a @ b  # warm-up
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        calls += 1
+    return 2 * rows * inner * cols * calls / (time.perf_counter() - start) / 1e9
+
+
+def recipe_config(recipe: str, dataset: Path, steps: int, out: Path):
     from vla.config import load_config
 
     config = RECIPES[recipe][0]
-    cfg = load_config(
+    return load_config(
         str(ROOT / "configs" / f"{config}.yaml"),
         [
             f"--dataset_root={dataset}",
-            f"--output_dir={out / recipe}",
+            f"--output_dir={out}",
             f"--steps={steps}",
             f"--save_every={steps}",
             "--log_every=10",
@@ -126,8 +176,36 @@ def profile_recipe(recipe: str, dataset: Path, steps: int, episodes: int, out: P
             "--batch_size=32",
         ],
     )
+
+
+def arithmetic(recipe: str, dataset: Path, out: Path, steps: int = 4) -> dict:
+    """The forward and backward passes' operations per training step (a ``steps``-step run), the tokens a batch
+    carries, and the matrix-product rates to hold them against."""
+    from vla import train
+    from vla.model.presets import get_preset
+
+    cfg = recipe_config(recipe, dataset, steps, out / f"{recipe}-flops")
+    with counted_flops(TRAIN_STAGES["forward (loss)"] + TRAIN_STAGES["backward"]) as total:
+        train.main(cfg)
+    preset = get_preset(cfg.policy.preset)
+    tokens = 32 * 64  # 32 rows of 64 tokens: the shape the product's rate is taken at, not the batch's own
+    return {
+        "gflop_per_step": total["flops"] / steps / 1e9,
+        "matmul_gflops_model_shape": matmul_rate(tokens, preset.hidden_size, preset.intermediate_size),
+        "matmul_gflops_large": matmul_rate(1024, 1024, 1024),
+        "matrix_shape": [tokens, preset.hidden_size, preset.intermediate_size],
+    }
+
+
+def profile_recipe(recipe: str, dataset: Path, steps: int, episodes: int, out: Path) -> dict:
+    from vla import evaluate, train
+
+    cfg = recipe_config(recipe, dataset, steps, out / recipe)
     summary, wall, stages = measured(lambda: train.main(cfg), TRAIN_STAGES)
     training = {"wall_s": wall, "steps": steps, "samples_per_s": summary["samples_per_s"], "stages_s": stages}
+    flops = arithmetic(recipe, dataset, out)
+    compute_s = stages["forward (loss)"] + stages["backward"]
+    training["arithmetic"] = flops | {"gflops_forward_backward": flops["gflop_per_step"] * steps / compute_s}
     env = "aloha/transfer-cube" if recipe == "aloha" else "metaworld/push-v3"
     report, wall, stages = measured(
         lambda: evaluate.evaluate(summary["policy_path"], env, episodes, num_envs=10, progress=False), EVAL_STAGES
@@ -159,6 +237,17 @@ def markdown(record: dict) -> str:
             f"in the loop). Evaluation: {e['episodes']} episodes, {e['steps']} simulator steps, "
             f"{e['chunks']} chunks in {e['wall_s']:.1f} s.",
             "",
+        ]
+        if "arithmetic" in t:
+            a = t["arithmetic"]
+            lines += [
+                f"Arithmetic: {a['gflop_per_step']:.2f} GFLOP a training step (forward and backward), run at "
+                f"{a['gflops_forward_backward']:.1f} GFLOP/s; one float32 matrix product "
+                f"{' x '.join(map(str, a['matrix_shape']))} runs at {a['matmul_gflops_model_shape']:.1f} GFLOP/s on "
+                f"the same thread, 1024 x 1024 x 1024 at {a['matmul_gflops_large']:.1f}.",
+                "",
+            ]
+        lines += [
             "| part | stage | seconds | share |",
             "| --- | --- | --- | --- |",
         ]
