@@ -2,7 +2,7 @@
 """Training samples from cameras: samples/s and construction time of ``ActionChunkDataset``, LeRobot backend against
 memory backend, on the same frames stored as PNG and as video.
 
-    python scripts/bench_video.py --png /tmp/vis/push64 --out results/bench_video.json [--work DIR] [--seconds 20]
+    python scripts/bench_video.py --png outputs/datasets/push64_png --out results/bench_video.json [--work DIR] [--seconds 20]
 
 ``--png`` is a dataset recorded with ``vla data record --images --image-format png`` (read only: it is copied into
 ``--work``). Its video twin is written there by LeRobot's own writer and default encoder from the same decoded
@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--png", type=Path, required=True, help="a dataset with PNG cameras (read only)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_video.json"))
     parser.add_argument("--allow-loaded", action="store_true", help="write to --out even when the machine was loaded")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/bench_video"), help="where the copies go")
+    parser.add_argument("--work", type=Path, default=Path("outputs/bench_video"), help="where the copies go")
     parser.add_argument("--seconds", type=float, default=20.0, help="timing per measurement")
     args = parser.parse_args()
     torch.set_num_threads(1)

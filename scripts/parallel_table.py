@@ -1,6 +1,6 @@
 """Collect the autoregressive-vs-parallel comparison into results/parallel/: parallel.json, parallel.md, parallel.png.
 
-    python scripts/parallel_table.py --runs /tmp/h2/runs [--bench results/parallel/bench_decode.json]
+    python scripts/parallel_table.py --runs outputs/parallel/runs [--bench results/parallel/bench_decode.json]
 
 ``--runs`` holds one training run per (tokenizer, decoding), named ``{tokenizer}_ar`` / ``{tokenizer}_par``, each
 trained by ``vla train --config_path configs/{tokenizer}.yaml`` (``--policy.decoding=parallel`` for ``_par``) and

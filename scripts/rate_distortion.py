@@ -3,7 +3,7 @@
 datasets: tokens per chunk against RMSE (normalised units), and tokens at equal RMSE.
 
     python scripts/rate_distortion.py --out results/rate_distortion \\
-        --dataset piper_grape=../shared/data/real/piper_grape --dataset mw_push=/tmp/mw_push ...
+        --dataset piper_grape=../shared/data/real/piper_grape --dataset mw_push=outputs/datasets/metaworld_push-v3 ...
 
 Protocol (as a new user would run it): episodes split 80/20 (seed 0); q01/q99 of the training episodes' frames
 normalise to [-1, 1]; one chunk per frame (stride 1) of ``T`` = 1 s (``fps`` steps, capped at the shortest episode
