@@ -192,12 +192,20 @@ def group(name: str) -> str:
 
 def table(rows: list[dict]) -> list[dict]:
     """One line per (group, delay, scheme): the mean over the group's policies (training seeds) and each one's
-    success."""
+    success; a group's lines together (in the order the groups first appear), no delay first, then scheme by scheme
+    (in ``SCHEMES``' order), each by delay."""
     cells = {}
     for r in rows:
         cells.setdefault((group(r["policy"]), r["delay_ms_each_way"], r["scheme"]), []).append(r)
+    groups = list(dict.fromkeys(name for name, _, _ in cells))
+    order = {scheme: i for i, scheme in enumerate(SCHEMES)}
+
+    def place(key: tuple) -> tuple:
+        name, delay, scheme = key
+        return groups.index(name), -1 if delay is None else order.get(scheme, len(order)), delay or 0.0
+
     out = []
-    for (name, delay, scheme), rs in cells.items():
+    for (name, delay, scheme), rs in sorted(cells.items(), key=lambda item: place(item[0])):
         rates = [r["success_rate"] for r in rs]
         out.append(
             {

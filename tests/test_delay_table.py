@@ -135,3 +135,42 @@ def test_a_study_runs_own_evaluation_is_the_no_delay_row(tiny_dataset_root, tmp_
     module.main()
     rows = json.loads((tmp_path / "fixed" / "delay.json").read_text())["rows"]
     assert [(r["scheme"], r["decode_ms"], r["delay_steps"]) for r in rows[1:]] == [("ahead", 25.0, 2)]
+
+
+def test_the_table_lists_each_group_no_delay_first_then_scheme_by_scheme_each_by_delay():
+    module = delay_table()
+
+    def row(policy, scheme, delay, rate):
+        return dict(
+            policy=policy,
+            scheme=scheme,
+            delay_ms_each_way=delay,
+            success_rate=rate,
+            delay_steps=None if delay is None else int(delay // 10),
+            decode_ms=None if delay is None else 48.0,
+            held_steps_mean=0.0,
+            switch_jump_mean=0.5,
+            step_change_mean=0.1,
+        )
+
+    rows = [  # in the order a resumed table would hold them: by run, then delay
+        row("fast-s0", "no delay", None, 0.7),
+        row("fast-s0", "when empty", 100.0, 0.6),
+        row("fast-s0", "every decode + ensemble", 100.0, 0.4),
+        row("beast-s0", "no delay", None, 0.8),
+        row("fast-s0", "when empty", 50.0, 0.65),
+        row("fast-s1", "when empty", 50.0, 0.75),
+        row("fast-s0", "every decode + ensemble", 0.0, 0.5),
+        row("beast-s0", "when empty", 0.0, 0.82),
+    ]
+    cells = module.table(rows)
+    assert [(c["group"], c["scheme"], c["delay_ms_each_way"]) for c in cells] == [
+        ("fast", "no delay", None),
+        ("fast", "when empty", 50.0),
+        ("fast", "when empty", 100.0),
+        ("fast", "every decode + ensemble", 0.0),
+        ("fast", "every decode + ensemble", 100.0),
+        ("beast", "no delay", None),
+        ("beast", "when empty", 0.0),
+    ]
+    assert cells[1]["mean"] == pytest.approx(0.7) and cells[1]["per_policy"] == {"fast-s0": 0.65, "fast-s1": 0.75}
