@@ -269,7 +269,7 @@ def plot(cells: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 3.8))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = dict(zip(SCHEMES, ("s:", "o-", "^--", "D-.", "v-")))
     for i, name in enumerate(dict.fromkeys(c["group"] for c in cells)):
@@ -285,7 +285,7 @@ def plot(cells: list[dict], path: Path) -> None:
         if base is not None:
             ax.axhline(base["mean"], color=colour, ls=(0, (1, 3)), lw=1, label=f"{name}: no delay")
     ax.set(xlabel="delay each way (ms)", ylabel="success (mean over policies)", ylim=(0, 1.05))
-    ax.legend()
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the curves, not over them
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
