@@ -239,10 +239,11 @@ def test_auto_vocabulary_grows_with_the_data_and_says_why(train_chunks):
     assert (
         few.fit_choices["vocab_size"][0] == few.vocab_size and "smallest vocabulary" in few.fit_choices["vocab_size"][1]
     )
-    assert f"at least {rate.MIN_MEDIAN_ID_COUNT} times" in many.fit_choices["vocab_size"][1]
+    least = rate.min_median_id_count(train_chunks.shape[1])
+    assert f"at least {least} times" in many.fit_choices["vocab_size"][1]
     assert many.encode_stats.chunks == 0  # the choice's own encodes are not counted as the caller's
     counts = rate.id_counts(many.encode(np.concatenate([train_chunks] * 8)), many.vocab_size)
-    assert np.median(counts[counts > 0]) >= rate.MIN_MEDIAN_ID_COUNT  # what the reason claims holds
+    assert np.median(counts[counts > 0]) >= least  # what the reason claims holds
     explicit = at.FASTTokenizer.fit(train_chunks[:200], vocab_size=512)
     assert explicit.vocab_size == 512 and explicit.fit_choices == {}  # an explicit value wins
     published = at.FASTTokenizer.fit(train_chunks[:200], byte_level=True)
@@ -285,15 +286,18 @@ def test_auto_alphabet_clips_a_few_outlying_chunks_and_counts_them(train_chunks)
     assert clean.fit_choices["alphabet"][1] == "the coefficients' full range"
 
 
-def test_the_vocabulary_rule_takes_the_largest_whose_typical_id_is_common():
+def test_the_vocabulary_rule_takes_the_largest_whose_typical_id_is_common_for_the_chunk_length():
     seen = []
 
     def spell(size):  # a typical id seen 4000 / size * 100 times: 128 -> 3125, 256 -> 1562, 512 -> 781, 1024 -> 390
         seen.append(size)
         return np.full(size, 400_000 // size)
 
-    size, why = rate.choose_vocab_size(65, 10_000, spell)
+    size, why = rate.choose_vocab_size(65, 10_000, 10, spell)  # T = 10: at least 500 times
     assert size == 512 and seen == [128, 256, 512, 1024]  # stops at the first too rare
-    assert "781 times; 1024 ids: 390 times" in why
-    size, why = rate.choose_vocab_size(200, 100, lambda v: np.full(v, 3))
+    assert "at least 500 times (50 per step of the 10-step chunks)" in why and "781 times; 1024 ids: 390 times" in why
+    seen.clear()
+    size, why = rate.choose_vocab_size(65, 10_000, 50, spell)  # T = 50: every frame counted in 50 chunks, 2,500
+    assert size == 128 and seen == [128, 256] and "3125 times; 256 ids: 1562 times" in why
+    size, why = rate.choose_vocab_size(200, 100, 10, lambda v: np.full(v, 3))
     assert size == 256 and "smallest vocabulary that holds the 200-symbol alphabet" in why

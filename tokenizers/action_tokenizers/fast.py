@@ -264,7 +264,7 @@ class FASTTokenizer(ActionTokenizer):
                 fitted[size] = train(size)
                 return rate.id_counts(fitted[size].encode(arr), fitted[size].vocab_size)
 
-            size, why = rate.choose_vocab_size(n_symbols, len(arr), spell)
+            size, why = rate.choose_vocab_size(n_symbols, len(arr), arr.shape[1], spell)
             choices["vocab_size"] = (size, why)
             tok = fitted[size]
             tok.encode_stats = EncodeStats()  # the choice's own encodes are not the caller's

@@ -6,12 +6,16 @@ for the data merges a whole chunk into two or three ids, each seen a handful of 
 them like classes of their own. Measured in closed loop (push-v3 from a 64 px camera, 200 demonstrations, 11k
 fitting chunks, 3-4 training seeds): 1,024 ids spell a chunk in 2.5-2.8 ids and reach 36%; 128 ids spell it in 8-12
 and reach 74% (4,000 steps) and 84.5% (8,000). So the rule: the largest vocabulary among ``VOCAB_CANDIDATES`` whose
-typical id (the median over the ids the fitting chunks use) occurs at least ``MIN_MEDIAN_ID_COUNT`` times in them,
-else the smallest. There the typical id of 1,024 occurs 30 times, of 128 about 800; on the five-task state demo (14k
-chunks) 128, 256 and 1,024 ids (typical id 758, 242, 37 times) all reach 91-93% over 3 seeds (results/demo_vocab):
-the threshold, 500, is set between what held on the harder data and the next size up (256 ids there: 302 times, not
-yet measured in closed loop). The rule grows the vocabulary with the data; ``results/vocab_stats/`` lists what it gives
-on the studied datasets.
+typical id (the median over the ids the fitting chunks use) occurs at least ``MIN_MEDIAN_ID_COUNT_PER_STEP`` times
+the chunk length T in them, else the smallest. The count scales with T because training takes one chunk per frame: a
+frame is in T chunks, and a longer chunk counts the same stretch of demonstration more often. At T = 10 the rule asks
+500: there (push-v3 from pixels, 11k chunks) the typical id of 1,024 occurs 30 times, of 128 about 800; on the
+five-task state demo (14k chunks) 128, 256 and 1,024 ids (typical id 758, 242, 37 times) all reach 91-93% over 3
+seeds (results/demo_vocab). On ALOHA transfer-cube (T = 50, 52k chunks of 50 x 14) it asks 2,500: 256 ids (typical id
+5,703 times) rather than 512 (1,922) or the 1,024 (604) that a count not scaled by T chose, which reached 72.7%
+against 256 ids' 79.0% over 3 seeds, higher on each seed (p = 0.17 over seeds: a lead, not yet a verdict;
+results/aloha_cube, results/aloha_vocab). The rule grows the vocabulary with the
+data; ``results/vocab_stats/`` lists what it gives on the studied datasets.
 
 The alphabet: a few outlying chunks can widen the range of rounded coefficients tenfold (a real 26-D humanoid dataset:
 -427..639), and every id of the vocabulary must then be spent on one symbol each. ``auto_alphabet`` keeps the central
@@ -28,7 +32,7 @@ import numpy as np
 
 AUTO = "auto"
 VOCAB_CANDIDATES = (128, 256, 512, 1024, 2048, 4096)
-MIN_MEDIAN_ID_COUNT = 500  # the typical id is seen this often in the fitting chunks (see the module docstring)
+MIN_MEDIAN_ID_COUNT_PER_STEP = 50  # the typical id is seen this often times T in the fitting chunks (module docstring)
 ALPHABET_TAIL = 1e-4  # the share of rounded coefficients the auto alphabet may leave outside (clipped, counted)
 
 
@@ -65,10 +69,18 @@ def id_counts(ids: list[list[int]], vocab_size: int) -> np.ndarray:
     return np.bincount(flat, minlength=vocab_size)
 
 
-def choose_vocab_size(n_symbols: int, n_chunks: int, spell: Callable[[int], np.ndarray]) -> tuple[int, str]:
+def min_median_id_count(time_horizon: int) -> int:
+    """How often the typical id must occur in chunks of ``time_horizon`` steps, one per frame (the rule above)."""
+    return MIN_MEDIAN_ID_COUNT_PER_STEP * time_horizon
+
+
+def choose_vocab_size(
+    n_symbols: int, n_chunks: int, time_horizon: int, spell: Callable[[int], np.ndarray]
+) -> tuple[int, str]:
     """The vocabulary by the rule above. ``spell(v)`` fits a vocabulary of ``v`` ids and returns how often each id
     occurs in the fitting chunks; candidates are tried smallest first and the search stops at the first too rare."""
     candidates = [v for v in VOCAB_CANDIDATES if v > n_symbols] or [int(2 ** np.ceil(np.log2(n_symbols + 1)))]
+    least = min_median_id_count(time_horizon)
     chosen, seen = None, []
     for v in candidates:
         counts = spell(v)
@@ -76,20 +88,20 @@ def choose_vocab_size(n_symbols: int, n_chunks: int, spell: Callable[[int], np.n
         median = float(np.median(used)) if len(used) else 0.0
         ids_per_chunk = counts.sum() / max(n_chunks, 1)
         seen.append((v, median, ids_per_chunk))
-        if median < MIN_MEDIAN_ID_COUNT:
+        if median < least:
             break
         chosen = v
+    rule = f"{least} times ({MIN_MEDIAN_ID_COUNT_PER_STEP} per step of the {time_horizon}-step chunks)"
     if chosen is None:
         v, median, per_chunk = seen[0]
         return v, (
             f"the smallest vocabulary that holds the {n_symbols}-symbol alphabet: even its typical id occurs only "
-            f"{median:.0f} times in the {n_chunks} fitting chunks (the rule asks {MIN_MEDIAN_ID_COUNT}); "
-            f"{per_chunk:.1f} ids a chunk"
+            f"{median:.0f} times in the {n_chunks} fitting chunks (the rule asks {rule}); {per_chunk:.1f} ids a chunk"
         )
     v, median, per_chunk = next(s for s in seen if s[0] == chosen)
     larger = next((s for s in seen if s[0] > chosen), None)
     beyond = f"; {larger[0]} ids: {larger[1]:.0f} times" if larger else ""
     return chosen, (
-        f"the largest vocabulary whose typical id occurs at least {MIN_MEDIAN_ID_COUNT} times in the "
-        f"{n_chunks} fitting chunks ({median:.0f} times{beyond}); {per_chunk:.1f} ids a chunk"
+        f"the largest vocabulary whose typical id occurs at least {rule} in the {n_chunks} fitting chunks "
+        f"({median:.0f} times{beyond}); {per_chunk:.1f} ids a chunk"
     )
