@@ -21,6 +21,7 @@ whose rate is near the matrix product's is bound by its arithmetic: only less ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import json
@@ -69,40 +70,56 @@ EVAL_STAGES = {
 
 
 @contextmanager
-def timed(stages: dict[str, list[tuple[str, str]]]):
-    """Wall seconds per stage while the block runs (``totals`` filled in as it goes)."""
-    totals = {name: 0.0 for name in stages}
-    depth = {name: 0 for name in stages}
+def wrapped(targets: list[tuple[str, str]], around):
+    """Each function of ``targets`` (module, attribute path) that this code has replaced by ``around(original)`` while
+    the block runs, and put back after; a target not in this code (a back-end or simulator the recipe does not use)
+    is passed over."""
     undo = []
-    for name, targets in stages.items():
-        for module, path in targets:
-            try:
-                owner = importlib.import_module(module)
-                *parents, attr = path.split(".")
-                for part in parents:
-                    owner = getattr(owner, part)
-                original = getattr(owner, attr)
-            except (ImportError, AttributeError):
-                continue  # not in this code (a back-end or simulator the recipe does not use)
-
-            def wrapper(*args, __original=original, __name=name, **kwargs):
-                depth[__name] += 1
-                start = time.perf_counter()
-                try:
-                    return __original(*args, **kwargs)
-                finally:
-                    depth[__name] -= 1
-                    if depth[__name] == 0:
-                        totals[__name] += time.perf_counter() - start
-
-            functools.update_wrapper(wrapper, original)
-            setattr(owner, attr, wrapper)
-            undo.append((owner, attr, original))
+    for module, path in targets:
+        try:
+            owner = importlib.import_module(module)
+            *parents, attr = path.split(".")
+            for part in parents:
+                owner = getattr(owner, part)
+            original = getattr(owner, attr)
+        except (ImportError, AttributeError):
+            continue
+        setattr(owner, attr, functools.update_wrapper(around(original), original))
+        undo.append((owner, attr, original))
     try:
-        yield totals
+        yield
     finally:
         for owner, attr, original in reversed(undo):
             setattr(owner, attr, original)
+
+
+@contextmanager
+def timed(stages: dict[str, list[tuple[str, str]]]):
+    """Wall seconds per stage while the block runs (``totals`` filled in as it goes; a nested or recursive call of a
+    stage is not counted twice)."""
+    totals = {name: 0.0 for name in stages}
+    depth = {name: 0 for name in stages}
+
+    def stage(name: str):
+        def around(original):
+            def wrapper(*args, **kwargs):
+                depth[name] += 1
+                start = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    depth[name] -= 1
+                    if depth[name] == 0:
+                        totals[name] += time.perf_counter() - start
+
+            return wrapper
+
+        return around
+
+    with contextlib.ExitStack() as stack:
+        for name, targets in stages.items():
+            stack.enter_context(wrapped(targets, stage(name)))
+        yield totals
 
 
 def measured(fn, stages):
@@ -120,29 +137,19 @@ def counted_flops(targets: list[tuple[str, str]]):
     from torch.utils.flop_counter import FlopCounterMode
 
     total = {"flops": 0}
-    undo = []
-    for module, path in targets:
-        *parents, attr = path.split(".")
-        owner = importlib.import_module(module)
-        for part in parents:
-            owner = getattr(owner, part)
-        original = getattr(owner, attr)
 
-        def wrapper(*args, __original=original, **kwargs):
+    def around(original):
+        def wrapper(*args, **kwargs):
             counter = FlopCounterMode(display=False)
             with counter:
-                result = __original(*args, **kwargs)
+                result = original(*args, **kwargs)
             total["flops"] += counter.get_total_flops()
             return result
 
-        functools.update_wrapper(wrapper, original)
-        setattr(owner, attr, wrapper)
-        undo.append((owner, attr, original))
-    try:
+        return wrapper
+
+    with wrapped(targets, around):
         yield total
-    finally:
-        for owner, attr, original in reversed(undo):
-            setattr(owner, attr, original)
 
 
 def matmul_rate(rows: int, inner: int, cols: int, seconds: float = 1.0) -> float:
