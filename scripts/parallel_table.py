@@ -17,14 +17,15 @@ import argparse
 import json
 from pathlib import Path
 
+from vla.run_folder import EVAL_INFO, RunFolder
+
 DECODINGS = {"ar": "autoregressive", "par": "parallel"}
 
 
 def run_row(run: Path) -> dict | None:
-    metrics = run / "metrics.jsonl"
-    if not metrics.is_file():
+    rows = RunFolder(run).metrics_rows()
+    if not rows:
         return None
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     last = rows[-1]
     row = {
         "steps": last["step"],
@@ -32,7 +33,7 @@ def run_row(run: Path) -> dict | None:
         "final_accuracy": last["accuracy"],
         "tokens_per_chunk": last.get("tokens_per_chunk"),
     }
-    info = run / "eval" / "eval_info.json"
+    info = run / "eval" / EVAL_INFO
     if info.is_file():
         e = json.loads(info.read_text())
         row.update(
