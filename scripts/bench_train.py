@@ -3,7 +3,7 @@
 optimiser and EMA step, one checkpoint) per recipe and number of torch threads, old code against new.
 
     python scripts/bench_train.py --before /path/to/an/older/checkout [--after /path/to/a/checkout] \\
-        [--recipes fast,images,aloha] [--threads 1,2] [--steps 100] [--repeats 3] [--compiled]
+        [--recipes fast,images,aloha] [--threads 1,2] [--steps 100] [--repeats 3] [--compiled] [--side-by-side]
 
 Each measurement is one `python -m vla.cli train` process (batch 32, ``configs/<recipe>.yaml``, no held-out
 episodes, ``--num_workers=0``, ``OMP_NUM_THREADS`` = the thread count) of the checkout named by its label, on a small
@@ -11,7 +11,10 @@ dataset this script records once under ``outputs/bench_train/`` (``vla data reco
 push-v3 from a 64 px camera with proprioception (``images``), ALOHA transfer-cube at 50 Hz, 14-D (``aloha``).
 The checkouts run with the same interpreter, alternating run by run (recipe, threads, code), so that all see the
 same load on a shared machine; the median of the repeats is reported, with the machine's load average beside each
-run; the files are rewritten after every round of runs. ``--compiled`` also runs the new checkout with ``--compile=true`` (``torch.compile`` of the layers).
+run; the files are rewritten after every round of runs. ``--compiled`` also runs the new checkout with
+``--compile=true`` (``torch.compile`` of the layers). ``--side-by-side`` also runs each checkout as two one-thread
+processes of the same recipe at once, as ``vla study`` runs two trainings on two cores: each process's rate is one run
+of that cell (``processes`` 2), to set beside one process alone on one thread.
 
 Two rates per run: ``samples_per_s``, the trainer's own (every step, the first included, and the final checkpoint),
 and ``steady_samples_per_s`` from its metrics (logged every 10 steps) over the steps after the first 20, which leaves
@@ -28,6 +31,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -180,18 +184,28 @@ def markdown(record: dict) -> str:
         "checkpoint included). Codes: " + ", ".join(f"{k} = {v}" for k, v in meta["codes"].items()) + ".",
         "",
         "| recipe | threads | code | runs | steady samples/s | end-to-end samples/s | speed-up (steady) | "
-        "speed-up (end to end) | final loss |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "speed-up (end to end) | final loss | side by side / alone (end to end) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    base = {(r["recipe"], r["threads"]): r for r in record["rows"] if r["code"] == "before"}
-    for r in record["rows"]:
-        ref = base.get((r["recipe"], r["threads"]))
+    rows = record["rows"]
+
+    def key(r: dict) -> tuple:
+        return r["recipe"], r["threads"], r.get("processes", 1)
+
+    base = {key(r): r for r in rows if r["code"] == "before"}
+    alone = {(r["recipe"], r["code"]): r for r in rows if r["threads"] == 1 and r.get("processes", 1) == 1}
+    for r in rows:
+        ref = base.get(key(r))
         speed = f"{r['steady_samples_per_s'] / ref['steady_samples_per_s']:.2f}x" if ref else ""
         whole = f"{r['samples_per_s'] / ref['samples_per_s']:.2f}x" if ref else ""
+        processes = r.get("processes", 1)
+        one = alone.get((r["recipe"], r["code"]))
+        pair = f"{r['samples_per_s'] / one['samples_per_s']:.2f}" if processes > 1 and one else ""
+        threads = f"{r['threads']}, {processes} processes at once" if processes > 1 else str(r["threads"])
         lines.append(
-            f"| {r['recipe']} | {r['threads']} | {r['code']} | {len(r['runs'])} | "
+            f"| {r['recipe']} | {threads} | {r['code']} | {len(r['runs'])} | "
             f"{r['steady_samples_per_s']:.1f} | {r['samples_per_s']:.1f} | {speed} | {whole} | "
-            f"{r['final_loss']:.4f} |"
+            f"{r['final_loss']:.4f} | {pair} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -211,6 +225,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compiled", action="store_true", help="also run the new checkout with --compile=true")
+    parser.add_argument(
+        "--side-by-side", action="store_true", help="also run two one-thread processes at once, as vla study does"
+    )
     parser.add_argument(
         "--loss-curve-steps",
         type=int,
@@ -234,24 +251,24 @@ def main() -> None:
 
     # Each checkout's commit, read before any run (the results file this script writes may lie inside one).
     states = {label: git_state(code) for label, (code, _) in codes.items()}
+    # (threads per process, processes at once): each thread count alone, then two one-thread processes side by side
+    layouts = [(n, 1) for n in threads] + ([(1, 2)] if args.side_by_side else [])
     runs: dict[tuple, list[dict]] = {}
     for repeat in range(args.repeats):
         for recipe in recipes:
-            for n in threads:
+            for n, processes in layouts:
                 for label, (code, extra) in codes.items():
-                    result = run(code, recipe, roots[recipe], n, args.steps, extra)
-                    runs.setdefault((recipe, n, label), []).append(result)
-                    print(
-                        json.dumps(
-                            {
-                                "recipe": recipe,
-                                "threads": n,
-                                "code": label,
-                                **{k: v for k, v in result.items() if k != "losses"},
-                            }
-                        ),
-                        flush=True,
-                    )
+                    with ThreadPoolExecutor(processes) as pool:
+                        jobs = [
+                            pool.submit(run, code, recipe, roots[recipe], n, args.steps, extra)
+                            for _ in range(processes)
+                        ]
+                        results = [job.result() for job in jobs]
+                    runs.setdefault((recipe, n, processes, label), []).extend(results)
+                    for result in results:
+                        shown = {k: v for k, v in result.items() if k != "losses"}
+                        row = {"recipe": recipe, "threads": n, "processes": processes, "code": label, **shown}
+                        print(json.dumps(row), flush=True)
         write(args, recipes, threads, codes, states, runs, repeat + 1)  # every finished round: a complete file
 
 
@@ -260,12 +277,13 @@ def write(args, recipes: list[str], threads: list[int], codes: dict, states: dic
     from vla.provenance import QUIET_EXTRA_LOAD, headline_path, provenance, quiet_machine
 
     rows = []
-    for (recipe, n, label), results in runs.items():
+    for (recipe, n, processes, label), results in runs.items():
         rows.append(
             {
                 "recipe": recipe,
                 "config": f"configs/{RECIPES[recipe][0]}.yaml",
                 "threads": n,
+                "processes": processes,
                 "code": label,
                 "steady_samples_per_s": float(np.median([r["steady_samples_per_s"] for r in results])),
                 "samples_per_s": float(np.median([r["samples_per_s"] for r in results])),
@@ -290,7 +308,9 @@ def write(args, recipes: list[str], threads: list[int], codes: dict, states: dic
         "load_average_min": min(loads),
         "load_average_max": max(loads),
         # quiet when every run's load stayed within its own threads (plus QUIET_EXTRA_LOAD)
-        "quiet": all(quiet_machine([r["load_average"]], n)["quiet"] for (_, n, _), rs in runs.items() for r in rs),
+        "quiet": all(
+            quiet_machine([r["load_average"]], n * k)["quiet"] for (_, n, k, _), rs in runs.items() for r in rs
+        ),
         "datasets": {k: {"root": str(DATA / RECIPES[k][1]), "record": RECIPES[k][2]} for k in recipes},
     }
     record = {
@@ -300,7 +320,8 @@ def write(args, recipes: list[str], threads: list[int], codes: dict, states: dic
             config={"recipes": recipes, "threads": threads, "steps": args.steps, "repeats": repeats, "codes": commits}
         ),
     }
-    machine = {"quiet": meta["quiet"], "max_load": max(loads), "limit": max(threads) + QUIET_EXTRA_LOAD}
+    busiest = max(n * k for _, n, k, _ in runs)  # the most threads at work at once
+    machine = {"quiet": meta["quiet"], "max_load": max(loads), "limit": busiest + QUIET_EXTRA_LOAD}
     out = headline_path(args.out, machine, args.allow_loaded)
     write_json(out, record)
     atomic_write_text(out.with_suffix(".md"), markdown(record))
