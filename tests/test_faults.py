@@ -84,11 +84,15 @@ def test_a_run_folder_is_one_run(tiny_dataset_root, tmp_path):
     assert again["steps"] == 2 and json.loads((tmp_path / "train_config.json").read_text())["seed"] == 1
 
 
-def test_resume_names_its_step_cleans_debris_never_repeats_metrics_and_prunes(tiny_dataset_root, tmp_path, capsys):
+def test_resume_names_its_step_cleans_debris_never_repeats_metrics_drops_a_torn_row_and_prunes(
+    tiny_dataset_root, tmp_path, capsys
+):
     train.main(config(tiny_dataset_root, tmp_path, steps=4, keep_last=1))
     assert [p.name for p in (tmp_path / CHECKPOINTS).glob("step_*")] == ["step_0000004"]  # keep_last=1
     (tmp_path / CHECKPOINTS / ".step_0000006.tmp-abc").mkdir()  # what a kill during a save leaves
     (tmp_path / ".policy.tmp-xyz").mkdir()
+    with (tmp_path / "metrics.jsonl").open("a") as f:  # a kill or a full disk in the middle of a row's append
+        f.write('{"step": 5, "loss": 1.2')
     summary = train.main(config(tiny_dataset_root, tmp_path, steps=6, resume=True, keep_last=1))
     out = capsys.readouterr().out
     assert "from checkpoints/step_0000004 at step 4" in out and "removed .step_0000006.tmp-abc" in out

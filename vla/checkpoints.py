@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla.io import atomic_directory, atomic_write_text, read_json
-from vla.run_folder import CHECKPOINTS, CONFIG, LAST, METRICS, POLICY, RUN_FILES
+from vla.run_folder import CHECKPOINTS, CONFIG, LAST, POLICY, RUN_FILES, TRAINER_STATE, RunFolder
 
 FORMAT_VERSION = 1
 # Settings a resumed run may change: how long, how often it saves and logs, how it loads data, what it shows.
@@ -73,7 +73,7 @@ def save_checkpoint(
     run: Path, step: int, policy, optimizer, ema: dict[str, torch.Tensor] | None, keep_last: int = 0
 ) -> Path:
     """Everything needed to continue exactly, as JSON + safetensors, written atomically; older ones pruned."""
-    target = run / CHECKPOINTS / f"step_{step:07d}"
+    target = RunFolder(run).checkpoint(step)
     opt_state = optimizer.state_dict()
     names = [n for n, p in policy.named_parameters() if p.requires_grad]
     tensors = {}
@@ -83,7 +83,7 @@ def save_checkpoint(
     need = _nbytes(policy.state_dict().values()) + _nbytes(tensors.values()) + _nbytes((ema or {}).values())
     try:
         with atomic_directory(target) as tmp:
-            policy.save_pretrained(tmp / "policy")
+            policy.save_pretrained(tmp / POLICY)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
             if ema is not None:
@@ -94,7 +94,7 @@ def save_checkpoint(
                 "param_groups": opt_state["param_groups"],
                 "param_names": names,
             }
-            atomic_write_text(tmp / "trainer_state.json", json.dumps(state) + "\n")
+            atomic_write_text(tmp / TRAINER_STATE, json.dumps(state) + "\n")
         atomic_write_text(run / CHECKPOINTS / LAST, json.dumps({"step": step, "path": target.name}) + "\n")
     except Exception as err:  # the temporary folder is gone: the last complete checkpoint stays the last
         full = no_space(err, run, f"the checkpoint of step {step}", need)
@@ -102,7 +102,7 @@ def save_checkpoint(
             raise
         raise full from None
     if keep_last > 0:
-        for old in sorted((run / CHECKPOINTS).glob("step_*"))[:-keep_last]:
+        for old in RunFolder(run).saved_checkpoints()[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     return target
 
@@ -112,10 +112,10 @@ def latest_checkpoint(run: Path) -> Path | None:
     newest complete ``step_*`` folder (each is renamed into place whole); None when there is none."""
     pointer = run / CHECKPOINTS / LAST
     if not pointer.is_file():
-        done = sorted(p for p in (run / CHECKPOINTS).glob("step_*") if (p / "trainer_state.json").is_file())
+        done = [p for p in RunFolder(run).saved_checkpoints() if (p / TRAINER_STATE).is_file()]
         return done[-1] if done else None
     path = run / CHECKPOINTS / read_json(pointer, "checkpoint pointer")["path"]
-    if not (path / "trainer_state.json").is_file():
+    if not (path / TRAINER_STATE).is_file():
         raise ValueError(
             f"{pointer} names {path.name}, which is missing or incomplete; remove {pointer} to resume "
             "from an older checkpoint, or start again with --overwrite=true"
@@ -125,7 +125,7 @@ def latest_checkpoint(run: Path) -> Path | None:
 
 def load_checkpoint(path: Path, policy, optimizer) -> tuple[int, dict[str, torch.Tensor] | None]:
     """Restore optimiser, EMA and random state into a policy loaded from ``path / 'policy'``; returns the step."""
-    state = read_json(path / "trainer_state.json", "checkpoint", format_version=FORMAT_VERSION, assume_version=1)
+    state = read_json(path / TRAINER_STATE, "checkpoint", format_version=FORMAT_VERSION, assume_version=1)
     tensors = load_file(str(path / "optimizer.safetensors"))
     names = state["param_names"]
     opt_state: dict[int, dict[str, torch.Tensor]] = {}
@@ -160,7 +160,7 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
     holds = [name for name in RUN_FILES if (run / name).exists()]
     # A run that saved nothing to resume from (stopped, diverged or out of space before its first checkpoint) left
     # only its config and first metrics rows: starting it again in place loses nothing.
-    unsaved = bool(holds) and not any((run / CHECKPOINTS).glob("step_*")) and not (run / POLICY).exists()
+    unsaved = bool(holds) and not RunFolder(run).saved_checkpoints() and not (run / POLICY).exists()
     if not resume:
         if holds and not overwrite and not unsaved:
             raise ValueError(
@@ -187,12 +187,12 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
     _check_unchanged(run, encoded)
     for path in remove_debris(run):
         log(f"removed {path.name}, left by an interrupted save")
-    step = read_json(checkpoint / "trainer_state.json", "checkpoint")["step"]
+    step = read_json(checkpoint / TRAINER_STATE, "checkpoint")["step"]
     log(f"resuming {run} from {checkpoint.relative_to(run)} at step {step}")
-    metrics = run / METRICS
-    if metrics.is_file():  # rows past the checkpoint were logged by the run that died: they are redone
-        rows = [line for line in metrics.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        atomic_write_text(metrics, "".join(line + "\n" for line in rows))
+    folder = RunFolder(run)
+    if folder.metrics.is_file():  # rows past the checkpoint were logged by the run that died: they are redone
+        rows = [row for row in folder.metrics_rows() if row.get("step", 0) <= step]  # a torn last line is dropped
+        atomic_write_text(folder.metrics, "".join(json.dumps(row) + "\n" for row in rows))
     return checkpoint
 
 

@@ -11,6 +11,10 @@ from typing import Any
 
 CHECKPOINTS = "checkpoints"
 LAST = "last.json"
+STEP = "step_{:07d}"  # a checkpoint's folder under checkpoints/
+TRAINER_STATE = (
+    "trainer_state.json"  # in a checkpoint: its step and optimiser layout; written last, so it marks a whole one
+)
 CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
 POLICY = "policy"
@@ -94,6 +98,10 @@ class RunFolder:
         except (OSError, ValueError):
             return None
         return config if isinstance(config, dict) else None
+
+    def checkpoint(self, step: int) -> Path:
+        """The folder of the checkpoint of ``step``."""
+        return self.checkpoints / STEP.format(step)
 
     def saved_checkpoints(self) -> list[Path]:
         """The ``step_*`` checkpoint folders, oldest first."""
