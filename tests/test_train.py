@@ -312,7 +312,8 @@ def test_finetuning_refuses_what_the_saved_policy_cannot_take(tiny_dataset_root,
         )
         == 1
     )  # the run folder, not its policy/
-    assert "(the run's policy is in its policy/ folder)" in capsys.readouterr().err and not out.exists()
+    said = f"is a training run's folder, not a policy; did you mean --policy.path {tmp_path / 'source' / 'policy'}?"
+    assert said in capsys.readouterr().err and not out.exists()
 
 
 def test_the_last_lines_give_the_offline_verdict_and_the_next_step(tiny_dataset_root, tmp_path, capsys):

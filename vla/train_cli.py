@@ -11,7 +11,7 @@ from vla.checkpoints import latest_checkpoint, no_space
 from vla.config import TrainConfig, load_config
 from vla.io import read_json
 from vla.policy.modeling_vla import TOKENIZER_DIR
-from vla.policy.saved_config import CONFIG_FILE, load_policy_config
+from vla.policy.saved_config import check_policy_folder, load_policy_config
 from vla.tokenizer_choice import tokenizer_config
 from vla.train import Interrupted, main
 from vla.train import __doc__ as TRAIN_DOC
@@ -61,12 +61,7 @@ def parse_args(argv: list[str]) -> TrainConfig:
             f"({path / TOKENIZER_DIR}); drop the --tokenizer options, or train a new policy without "
             "--policy.path"
         )
-    if not (path / CONFIG_FILE).is_file():
-        inside = " (the run's policy is in its policy/ folder)" if (path / "policy" / CONFIG_FILE).is_file() else ""
-        raise ValueError(
-            f"--policy.path {path} is not a saved policy (no {CONFIG_FILE}){inside}; pass a policy "
-            "folder, e.g. outputs/train/NAME/policy"
-        )
+    check_policy_folder(path, "--policy.path")
     policy_options = [
         (f, v)
         for f, v in options

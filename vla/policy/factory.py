@@ -19,7 +19,7 @@ from vla.data.stats import array_stats, frame_stats
 from vla.model.text import prompt_words
 from vla.policy.fitting import predicted_chunks
 from vla.policy.modeling_vla import VLAPolicy
-from vla.policy.saved_config import CONFIG_FILE, check_dataset_fits, check_same_policy, load_policy_config
+from vla.policy.saved_config import check_dataset_fits, check_policy_folder, check_same_policy, load_policy_config
 from vla.tokenizer_choice import NORMALIZER_FILE
 
 
@@ -92,12 +92,7 @@ def check_finetuning(cfg: TrainConfig, info: reader.DatasetInfo) -> None:
     """Before any change to the run folder: ``policy.pretrained_path`` is a saved policy whose settings are
     ``cfg.policy``'s, and the dataset has its action and state dimensions and cameras."""
     path = Path(cfg.policy.pretrained_path)
-    if not (path / CONFIG_FILE).is_file():
-        inside = " (the run's policy is in its policy/ folder)" if (path / "policy" / CONFIG_FILE).is_file() else ""
-        raise ValueError(
-            f"--policy.path {path} is not a saved policy (no {CONFIG_FILE}){inside}; pass a policy "
-            "folder, e.g. outputs/train/NAME/policy"
-        )
+    check_policy_folder(path, "--policy.path")
     saved = load_policy_config(path)
     try:
         check_same_policy(saved, cfg.policy, path)

@@ -18,6 +18,7 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from vla.io import read_json
 from vla.names import suggestion
 from vla.policy.configuration_vla import VLAConfig
+from vla.run_folder import CHECKPOINTS, POLICY
 
 CONFIG_FILE = "config.json"
 
@@ -229,16 +230,17 @@ def check_dataset_fits(
 # --- construction from LeRobot's factory -----------------------------------------------------------------------
 
 
-def check_policy_folder(path: Path) -> None:
-    """``vla serve`` / ``vla eval --policy PATH``: a folder without a saved policy's config.json is refused before anything loads, naming the policy inside it
-    when it is a training run's folder (its ``policy/``, else its latest checkpoint's)."""
-    if (path / "config.json").is_file():
+def check_policy_folder(path: Path, option: str = "--policy") -> None:
+    """``vla serve`` / ``vla eval --policy PATH``, fine-tuning's ``--policy.path PATH`` (``option``): a folder without
+    a saved policy's config.json is refused before anything loads, naming the policy inside it when it is a training
+    run's folder (its ``policy/``, else its latest checkpoint's)."""
+    if (path / CONFIG_FILE).is_file():
         return
-    inner = [path / "policy"] + sorted(path.glob("checkpoints/*/policy"), reverse=True)
-    found = next((p for p in inner if (p / "config.json").is_file()), None)
+    inner = [path / POLICY] + sorted(path.glob(f"{CHECKPOINTS}/*/{POLICY}"), reverse=True)
+    found = next((p for p in inner if (p / CONFIG_FILE).is_file()), None)
     if found is not None:
-        raise ValueError(f"{path} is a training run's folder, not a policy; did you mean --policy {found}?")
+        raise ValueError(f"{path} is a training run's folder, not a policy; did you mean {option} {found}?")
     raise ValueError(
-        f"{path} holds no saved policy (no config.json); pass the folder a training run wrote "
+        f"{path} holds no saved policy (no {CONFIG_FILE}); pass the folder a training run wrote "
         "(outputs/train/NAME/policy)"
     )
