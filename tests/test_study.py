@@ -211,3 +211,16 @@ workers: 1
     assert summary["cells"][0]["episodes"] == 4
     page = (tmp_path / "results" / "README.md").read_text()
     assert "| setting | tokenizer | push-v3 | reach-v3 |" in page
+
+
+def test_the_eval_command_is_read_back_as_the_evaluation_it_was_written_from():
+    """A run folder from before identity.json is judged by the ``vla eval`` line of its log: the words
+    ``eval_arguments`` writes read back as the study's evaluation, and anything else as none."""
+    from vla.study.spec import eval_arguments, read_eval_arguments
+
+    ev = {"env": "metaworld", "task": "push-v3", "episodes": 100, "args": ["--max-steps", "400"]}
+    words = eval_arguments(ev, "RUN/train/policy", "RUN/eval")
+    assert words[:2] == ["--policy", "RUN/train/policy"] and words[-2:] == ["--max-steps", "400"]
+    assert read_eval_arguments(words) == ev
+    assert read_eval_arguments(words[2:]) is None  # not the runner's own flags first
+    assert read_eval_arguments(words[:9]) is None  # cut short

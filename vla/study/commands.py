@@ -15,7 +15,7 @@ import yaml
 from vla.provenance import portable_command
 from vla.run_folder import RunFolder
 from vla.study.records import without_output_dir
-from vla.study.spec import Run, Study
+from vla.study.spec import EVAL_KEYS, Run, Study, eval_arguments
 
 
 def vla_command(*args: str) -> list[str]:
@@ -38,20 +38,8 @@ def train_command(study: Study, run: Run, folder: Path) -> list[str]:
 
 
 def eval_command(study: Study, folder: Path) -> list[str]:
-    ev = study.eval
     return vla_command(
-        "eval",
-        "--policy",
-        str(RunFolder(folder / "train").policy),
-        "--env",
-        ev["env"],
-        "--task",
-        ev["task"],
-        "--episodes",
-        str(ev["episodes"]),
-        "--out",
-        str(folder / "eval"),
-        *ev["args"],
+        "eval", *eval_arguments(study.eval, str(RunFolder(folder / "train").policy), str(folder / "eval"))
     )
 
 
@@ -76,6 +64,6 @@ def identity(study: Study, run: Run) -> dict[str, Any]:
         "train": without_output_dir(portable_command(command)),
         "config": study.config,
         "config_sha256": config_digest(study.config),
-        "eval": {k: study.eval[k] for k in ("env", "task", "episodes", "args")},
+        "eval": {k: study.eval[k] for k in EVAL_KEYS},
         "threads": study.threads,
     }

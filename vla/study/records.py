@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vla.io import write_json
-from vla.study.spec import MAX_EPISODES, MAX_SEED, check_study
+from vla.study.spec import EVAL_KEYS, MAX_EPISODES, MAX_SEED, check_study
 
 FORMAT = 1
 RUNS_FILE = "runs.json"
@@ -164,7 +164,7 @@ def legacy_identity(record: dict[str, Any], study_eval: dict[str, Any] | None) -
     if isinstance(block.get("threads"), int):
         out["threads"] = block["threads"]
     if isinstance(study_eval, dict):
-        out["eval"] = {k: study_eval.get(k) for k in ("env", "task", "episodes", "args")}
+        out["eval"] = {k: study_eval.get(k) for k in EVAL_KEYS}
     return out
 
 
@@ -196,7 +196,7 @@ def changes(had: dict[str, Any], wants: dict[str, Any]) -> str | None:
     if "config_sha256" in had and had["config_sha256"] != wants["config_sha256"]:
         return f"the base config {wants['config']} has changed since it was trained"
     if "eval" in had and had["eval"] != wants["eval"]:
-        key = next(k for k in ("env", "task", "episodes", "args") if had["eval"].get(k) != wants["eval"].get(k))
+        key = next(k for k in EVAL_KEYS if had["eval"].get(k) != wants["eval"].get(k))
         return f"evaluation {key} {had['eval'].get(key)!r} is now {wants['eval'].get(key)!r}"
     if "threads" in had and had["threads"] != wants["threads"]:
         return f"threads {had['threads']} are now {wants['threads']}"

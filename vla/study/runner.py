@@ -50,7 +50,7 @@ from vla.study.records import (
     read_runs,
     without_output_dir,
 )
-from vla.study.spec import MIN_SEEDS, Run, Study
+from vla.study.spec import MIN_SEEDS, Run, Study, read_eval_arguments
 
 IDENTITY_FILE = "identity.json"  # written into a run's folder before its training starts
 PAGES = ("README.md", "success.png")  # what vla study run writes beside runs.json
@@ -100,9 +100,8 @@ def _folder_identity(folder: Path, wants: dict[str, Any]) -> dict[str, Any]:
             same = " ".join(train) == " ".join(wants["train"])  # an argument holding a space reads as two
             if "train" not in had or not same:
                 had["train"] = wants["train"] if same else train
-        elif words[0] == "eval" and words[1:11:2] == ["--policy", "--env", "--task", "--episodes", "--out"]:
-            episodes = int(words[8]) if words[8].isdigit() else words[8]
-            had["eval"] = {"env": words[4], "task": words[6], "episodes": episodes, "args": words[11:]}
+        elif words[0] == "eval" and (evaluation := read_eval_arguments(words[1:])) is not None:
+            had["eval"] = evaluation
     return had
 
 

@@ -38,6 +38,29 @@ TRAIN_OWNED = ("--seed", "--output_dir", "--config_path", "--resume", "--overwri
 EVAL_OWNED = ("--policy", "--env", "--task", "--episodes", "--out")
 
 
+def eval_arguments(ev: dict[str, Any], policy: str, out: str) -> list[str]:
+    """``vla eval``'s arguments for a study's evaluation ``ev`` (``EVAL_KEYS``): the runner's own (``EVAL_OWNED``, in
+    that order), then the study's ``args``."""
+    owned = (policy, ev["env"], ev["task"], str(ev["episodes"]), out)
+    return [word for flag, value in zip(EVAL_OWNED, owned) for word in (flag, value)] + list(ev["args"])
+
+
+def read_eval_arguments(words: list[str]) -> dict[str, Any] | None:
+    """The evaluation (``EVAL_KEYS``) that ``eval_arguments`` spelled as ``words``; None when they do not begin with
+    the runner's own flags in their order."""
+    n = 2 * len(EVAL_OWNED)
+    if words[:n:2] != list(EVAL_OWNED) or len(words) < n:
+        return None
+    value = dict(zip(words[:n:2], words[1:n:2]))
+    episodes = value["--episodes"]
+    return {
+        "env": value["--env"],
+        "task": value["--task"],
+        "episodes": int(episodes) if episodes.isdigit() else episodes,
+        "args": words[n:],
+    }
+
+
 @dataclass(frozen=True)
 class Run:
     """One training seed of one grid cell."""
@@ -225,11 +248,10 @@ def _check_eval_args(ev: dict[str, Any], where: str) -> None:
         )
     from vla.cli import build_parser
 
-    given = ["--policy", "P", "--env", ev["env"], "--task", ev["task"], "--episodes", str(ev["episodes"]), "--out", "O"]
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            args, extra = build_parser(["eval"]).parse_known_args(["eval", *given, *ev["args"]])
+            args, extra = build_parser(["eval"]).parse_known_args(["eval", *eval_arguments(ev, "P", "O")])
     except SystemExit:
         reason = (errors.getvalue().strip().splitlines() or ["unreadable"])[-1].split("error: ")[-1]
         raise ValueError(f"{where}: eval.args {ev['args']} are not vla eval arguments ({reason}); see vla eval --help")
