@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from vla.data.reader import read_recording
 from vla.io import atomic_write_text
 from vla.provenance import provenance
 
@@ -578,7 +579,11 @@ def markdown(record: dict[str, Any], args) -> str:
 
 # --- the run ---------------------------------------------------------------------------------------------------
 def recording(root: Path) -> dict[str, Any]:
-    return json.loads((Path(root) / "meta" / "recording.json").read_text())
+    """What ``vla data record`` wrote about the dataset at ``root`` (refused for a dataset it did not record)."""
+    found = read_recording(root)
+    if found is None:
+        raise SystemExit(f"{root} was not recorded by vla data record (no meta/recording.json): its seeds are unknown")
+    return found
 
 
 def seeds(cells: list[dict[str, Any]], heldout: dict[str, str]) -> dict[str, str]:

@@ -337,8 +337,8 @@ def test_task_sets_and_lists_name_several_envs():
 
 
 def test_multitask_recording_holds_every_task_with_its_instruction(tmp_path):
-    from vla.data.reader import dataset_info
-    from vla.sim.record import read_recording, record
+    from vla.data.reader import dataset_info, read_recording
+    from vla.sim.record import record
 
     root = tmp_path / "two"
     summary = record("metaworld/drawer-open-v3,drawer-close-v3", 2, root, progress=False)

@@ -109,7 +109,7 @@ def training_recording(policy_dir: str | Path) -> dict[str, Any]:
     ``train_config.json``), so that ``vla eval`` gives the policy the observation it was trained on, rendered at the
     size it was recorded at; empty when the run, its dataset or the recording cannot be found (a dataset moved, or
     not recorded by ``vla``)."""
-    from vla.sim.record import read_recording
+    from vla.data.reader import read_recording
 
     try:
         root = RunFolder(Path(policy_dir).parent).train_config()["dataset_root"]

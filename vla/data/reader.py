@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
@@ -45,6 +46,7 @@ from vla.names import suggestion
 IMAGE_PREFIX = OBS_IMAGES + "."  # camera keys: observation.images.<camera> (the one definition)
 CODEBASE_VERSION = "v3.0"
 RECORDING_FILE = "meta/recording.json"  # written by vla.sim.record, absent elsewhere
+RECORDING_FORMAT = 2  # 2: several tasks per dataset ("tasks", "episodes_per_task")
 _NUMERIC_DTYPES = {
     "bool",
     "float16",
@@ -254,12 +256,31 @@ def dataset_info(root: str | Path) -> DatasetInfo:
         action_names=features[ACTION]["names"],
         tasks=meta.read_tasks(root),
         robot_type=info.text("robot_type"),
-        recording=read_json(root / RECORDING_FILE, "recording") if (root / RECORDING_FILE).is_file() else None,
+        recording=read_recording(root),
         video_path=info.text("video_path"),
         state_names=features[OBS_STATE]["names"] if OBS_STATE in features else None,
         notes=tuple(info.notes),
         data_files=episodes.get("data_file"),
     )
+
+
+def read_recording(root: str | Path) -> dict[str, Any] | None:
+    """``meta/recording.json`` of a dataset ``record`` made, or None for a dataset made elsewhere."""
+    path = Path(root) / RECORDING_FILE
+    if not path.is_file():
+        return None
+    content = read_json(path, "recording")
+    content.setdefault("format_version", content.pop("format", 1))  # files before the rename
+    if content["format_version"] == 1:  # one task per dataset
+        content.setdefault("episodes_per_task", content.get("episodes"))
+        content.setdefault("env_options", {})
+        content["format_version"] = RECORDING_FORMAT
+    if content["format_version"] != RECORDING_FORMAT:
+        raise ValueError(
+            f"{path} has format_version {content['format_version']!r}; this version reads "
+            f"{RECORDING_FORMAT}: record the dataset again"
+        )
+    return content
 
 
 def nonfinite(frames: dict[str, np.ndarray], features: list[str]) -> dict[str, str]:

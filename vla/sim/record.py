@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 from lerobot.utils.constants import ACTION, OBS_STATE
 
-from vla.io import atomic_directory, read_json, write_json
+from vla.data.reader import RECORDING_FILE, RECORDING_FORMAT, read_recording
+from vla.io import atomic_directory, write_json
 from vla.sim import EVAL_SEED_START, TRAIN_SEED_START, Env, Expert, env_names, make_env, make_expert, split_name
 from vla.sim.rollout import EpisodeResult, run_episode, summarize
 
@@ -49,8 +50,6 @@ IMAGE_FORMATS = ("video", "png")  # how cameras are stored: LeRobot's video feat
 DEFAULT_IMAGE_FORMAT = "video"
 # The dataset `vla demo` trains on (relative to the working directory).
 DEFAULT_DATASET_ROOT = Path("outputs/datasets/metaworld_push-v3")
-RECORDING_FILE = "meta/recording.json"
-RECORDING_FORMAT = 2  # 2: several tasks per dataset ("tasks", "episodes_per_task")
 
 
 def default_root(env_name: str = DEFAULT_ENV, images: bool = False) -> Path:
@@ -370,25 +369,6 @@ def _write_recording_json(out: Path, summary: dict[str, Any]) -> None:
     content.pop("seconds", None)  # machine-dependent: keep the file reproducible
     content.pop("steps_per_s", None)
     write_json(out / RECORDING_FILE, content)
-
-
-def read_recording(root: str | Path) -> dict[str, Any] | None:
-    """``meta/recording.json`` of a dataset ``record`` made, or None for a dataset made elsewhere."""
-    path = Path(root) / RECORDING_FILE
-    if not path.is_file():
-        return None
-    content = read_json(path, "recording")
-    content.setdefault("format_version", content.pop("format", 1))  # files before the rename
-    if content["format_version"] == 1:  # one task per dataset
-        content.setdefault("episodes_per_task", content.get("episodes"))
-        content.setdefault("env_options", {})
-        content["format_version"] = RECORDING_FORMAT
-    if content["format_version"] != RECORDING_FORMAT:
-        raise ValueError(
-            f"{path} has format_version {content['format_version']!r}; this version reads "
-            f"{RECORDING_FORMAT}: record the dataset again"
-        )
-    return content
 
 
 def _remove_empty_dirs(folder: Path) -> None:
