@@ -56,6 +56,8 @@ def ensure_policy(dataset: Path, steps: int) -> Path:
 
 def run(code: Path, policy: Path, episodes: int, threads: int) -> dict:
     """One `vla eval` process of ``code``: its wall time, the load around it and what each episode did."""
+    from vla.run_folder import EVAL_INFO
+
     with tempfile.TemporaryDirectory() as out:
         args = [
             sys.executable,
@@ -79,7 +81,7 @@ def run(code: Path, policy: Path, episodes: int, threads: int) -> dict:
         seconds = time.perf_counter() - start
         if done.returncode:
             raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
-        report = json.loads((Path(out) / "eval_info.json").read_text())
+        report = json.loads((Path(out) / EVAL_INFO).read_text())
     return {
         "seconds": round(seconds, 2),
         "steps": int(sum(report["lengths"])),

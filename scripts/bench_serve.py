@@ -320,6 +320,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from vla.sim import EVAL_SEED_START
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
     px = sub.add_parser("proxy")
@@ -335,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delays-ms", type=float, nargs="+", default=[0, 50, 150])
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--max-steps", type=int, default=150, help="episode limit (twice the longest expert episode)")
-    parser.add_argument("--seed-start", type=int, default=1_000_000, help="evaluation seeds")
+    parser.add_argument("--seed-start", type=int, default=EVAL_SEED_START, help="evaluation seeds")
     parser.add_argument("--server-threads", type=int, default=2)
     parser.add_argument("--skip-closed-loop", action="store_true")
     parser.add_argument("--allow-loaded", action="store_true", help="write to --out even when the machine was loaded")

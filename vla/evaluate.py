@@ -31,7 +31,7 @@ from vla.policy import VLAPolicy
 from vla.policy.commit_search import REFUSES_COMMITTED
 from vla.policy.saved_config import check_policy_folder
 from vla.run_folder import EVAL_INFO, RunFolder
-from vla.sim import EVAL_SEED_START, env_names, make_env
+from vla.sim import EVAL_SEED_START, OBSERVATIONS, env_names, make_env
 from vla.sim.rollout import run_episodes, summarize
 
 MAX_DELAY_MS = 60_000.0  # a minute: beyond any network, and it keeps the step count small
@@ -547,7 +547,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--num-envs", type=int, default=10, help="episodes run at once, their chunks decoded as one batch")
     p.add_argument(
         "--observation",
-        choices=["privileged", "proprio", "lerobot"],
+        choices=OBSERVATIONS,
         default=None,
         help="the observation convention the policy was trained on (vla data record --observation; default: "
         "the one in its training data's meta/recording.json, else privileged)",

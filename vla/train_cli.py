@@ -7,6 +7,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from action_tokenizers.base import CONFIG_NAME
+
 from vla.checkpoints import latest_checkpoint, no_space
 from vla.config import TrainConfig, load_config
 from vla.io import read_json
@@ -73,7 +75,7 @@ def parse_args(argv: list[str]) -> TrainConfig:
     if not any(f == "--policy.device" for f, _ in policy_options):
         overrides.insert(0, "--device=null")  # chosen here (a GPU when there is one), not the machine it was saved on
     policy = load_policy_config(path, [*overrides, f"--pretrained_path={path}"])
-    kind = read_json(path / TOKENIZER_DIR / "action_tokenizer.json", "action tokenizer").get("type", "fast")
+    kind = read_json(path / TOKENIZER_DIR / CONFIG_NAME, "action tokenizer").get("type", "fast")
     return dataclasses.replace(
         cfg, policy=policy, tokenizer=tokenizer_config(kind, pretrained_path=str(path / TOKENIZER_DIR))
     )

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vla.sim import TRAIN_SEED_START
+from vla.sim import OBSERVATIONS, TRAIN_SEED_START
 from vla.sim.record import (
     DEFAULT_ACTION_NOISE,
     DEFAULT_DATASET_ROOT,
@@ -93,7 +93,7 @@ def _add_record(sub: argparse._SubParsersAction) -> None:
     )
     rec.add_argument(
         "--observation",
-        choices=["privileged", "proprio", "lerobot"],
+        choices=OBSERVATIONS,
         default=None,
         help="the simulator's observation: privileged (the state with object and goal poses, the default), "
         "proprio (the robot's own body only, for a camera policy: add --images; Meta-World: hand xyz and gripper, "

@@ -63,7 +63,7 @@ from vla.policy.decode_info import DecodeInfo, DecodeStats
 from vla.policy.fitting import policy_tokenizer
 from vla.policy.pipeline import ACTION_IDS, FORCED_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
 from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
-from vla.policy.saved_config import check_dataset_fits, check_same_policy, load_policy_config
+from vla.policy.saved_config import CONFIG_FILE, check_dataset_fits, check_same_policy, load_policy_config
 
 logger = logging.getLogger(__name__)
 
@@ -506,9 +506,9 @@ class VLAPolicy(PreTrainedPolicy):
         (LeRobot passes its parsed config here); the tokenizer, normalisers and weights always come from the folder.
         """
         path = Path(pretrained_name_or_path)
-        if not (path / "config.json").is_file() or not (path / WEIGHTS_FILE).is_file():
+        if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
             raise ValueError(
-                f"{path} is not a saved VLA policy (config.json and {WEIGHTS_FILE} expected); pass the folder "
+                f"{path} is not a saved VLA policy ({CONFIG_FILE} and {WEIGHTS_FILE} expected); pass the folder "
                 "save_pretrained wrote (downloading from a hub is not supported)"
             )
         check_processor_files(path)  # before anything else reads the folder

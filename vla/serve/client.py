@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from .codec import packb, unpackb
+from .settings import ServeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ class PolicyClient:
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int | None = 8000,
+        host: str = ServeConfig.host,
+        port: int | None = ServeConfig.port,
         *,
         api_key: str | None = None,
         timeout_s: float = 10.0,

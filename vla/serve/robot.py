@@ -19,8 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from vla.sim import EVAL_SEED_START
+
 from .client import PolicyClient
 from .executor import ChunkExecutor, Rate, action_jerk
+from .settings import ServeConfig
 
 
 def run_realtime_episode(env, executor: ChunkExecutor, seed: int, max_steps: int) -> dict[str, Any]:
@@ -47,12 +50,12 @@ def run_realtime_episode(env, executor: ChunkExecutor, seed: int, max_steps: int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vla.serve.robot", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default=ServeConfig.host)
+    parser.add_argument("--port", type=int, default=ServeConfig.port)
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--task", default="push-v3", help="a Meta-World task the policy was trained on")
     parser.add_argument("--episodes", type=int, default=5)
-    parser.add_argument("--seed-start", type=int, default=1_000_000, help="evaluation seeds")
+    parser.add_argument("--seed-start", type=int, default=EVAL_SEED_START, help="evaluation seeds")
     parser.add_argument("--max-steps", type=int, default=150)
     parser.add_argument("--mode", choices=("overlapped", "sync"), default="overlapped")
     parser.add_argument(

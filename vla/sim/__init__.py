@@ -31,6 +31,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 TRAIN_SEED_START = 0
 EVAL_SEED_START = 1_000_000  # far beyond any recording; `record` refuses to cross it
+# Every observation convention an env takes (the commands' choices); each env accepts its own (ALOHA's has no "lerobot")
+OBSERVATIONS = ("privileged", "proprio", "lerobot")
 
 
 class Env(Protocol):

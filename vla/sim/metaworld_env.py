@@ -43,7 +43,7 @@ from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
 
 from vla.data.reader import IMAGE_PREFIX
 from vla.names import check_name
-from vla.sim import Episode, Family, checked_max_steps, register
+from vla.sim import OBSERVATIONS, Episode, Family, checked_max_steps, register
 from vla.sim.render import checked_cameras, close_at_exit, fast_renderer, offscreen_error
 
 ACTION_DIM = 4
@@ -70,7 +70,6 @@ _CAMERA_DOLLY_M = {"corner2": 0.4}
 # puck is ~4 px and the goal ~3 px (in corner2's frame they are 1-2 px). (lookat xyz, distance m, azimuth, elevation)
 _FREE_CAMERAS = {"workspace": ((0.0, 0.75, 0.05), 0.75, -90.0, -45.0)}
 
-OBSERVATIONS = ("privileged", "proprio", "lerobot")  # the observation conventions (module docstring)
 PROPRIO_DIM = 4  # hand xyz and gripper opening: the first four of the 39 values (LeRobot's agent_pos)
 EXPERT_STATE = "expert_state"  # the full observation beside a partial one, read by ExpertPolicy only
 # LeRobot's Meta-World env (lerobot/envs/metaworld.py, lerobot 0.6): agent_pos = the first four values, one camera
