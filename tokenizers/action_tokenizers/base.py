@@ -151,10 +151,7 @@ class ActionTokenizer(ABC):
 
     @abstractmethod
     def _config(self) -> dict[str, Any]:
-        """JSON-serialisable options that, with ``_tensors``, rebuild this tokenizer."""
-
-    def _tensors(self) -> dict[str, np.ndarray]:
-        return {}
+        """JSON-serialisable options that (with a learned tokenizer's own weights file) rebuild this tokenizer."""
 
     @classmethod
     @abstractmethod

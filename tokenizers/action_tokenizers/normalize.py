@@ -13,13 +13,12 @@ import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from .io import read_json, write_json
 
-NormMode = Literal["quantile", "mean_std", "identity"]
 NORM_MODES = ("quantile", "mean_std", "identity")
 _EPS = 1e-8
 # Offsets and scales beyond this (in the data's units) are refused: a decoded action, normalised values of up to a few

@@ -65,7 +65,6 @@ _QUERY_SLOT = -2  # marks a parallel query slot until _pack turns it into a padd
 class LayoutStats:
     """What building sequences had to change: clipped state values and truncated tasks, counted."""
 
-    state_values: int = 0
     state_clipped: int = 0
     tasks_truncated: int = 0
 
@@ -182,7 +181,6 @@ class SequenceLayout:
         state = np.asarray(state, dtype=np.float64).reshape(-1)
         if not np.isfinite(state).all():
             raise ValueError("the state contains NaN or inf; check the observation and the state normaliser")
-        self.stats.state_values += state.size
         self.stats.state_clipped += int(((state < -1.0) | (state > 1.0)).sum())
         return np.clip(state, -1.0, 1.0)
 

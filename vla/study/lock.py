@@ -37,26 +37,15 @@ class Stopped(RuntimeError):
     """The study was stopped by a signal; its children were ended."""
 
 
-def _alive(pid: Any) -> bool:
+def _alive(pid: Any, signal_to=os.kill) -> bool:
+    """Whether process ``pid`` (with ``signal_to=os.killpg``: process group) exists; not an id: False."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
+        signal_to(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
-def _group_alive(pgid: Any) -> bool:
-    if not isinstance(pgid, int) or pgid <= 0:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
         return True
     return True
 
@@ -105,7 +94,7 @@ class StudyLock:
                 f"{self.folder} is in use by another vla study run ({who}); wait for it to end or "
                 f"stop it (kill {pid}), then run again{gone}"
             )
-        running = [g for g in holder.get("children") or [] if _group_alive(g)]
+        running = [g for g in holder.get("children") or [] if _alive(g, os.killpg)]
         if running:
             raise RuntimeError(
                 f"the study run that held {self.folder} ({who}) is gone, but its child process group "
