@@ -37,7 +37,7 @@ import torch
 from vla.evaluate import EVAL_SEED_START, evaluate
 from vla.io import atomic_write_text
 from vla.provenance import provenance
-from vla.run_folder import EVAL_INFO
+from vla.run_folder import StudyRunFolder
 
 
 class Scheme(NamedTuple):
@@ -142,7 +142,7 @@ def study_eval(policy: str, env: str, episodes: int, max_steps: int) -> dict | N
     """The evaluation a study run made of ``policy`` with no delay (``<run>/eval/eval_info.json`` beside its
     ``train/policy``) when it is the one asked here: the same task, episodes, first seed and step limit, at the
     policy's own actions per chunk, one beam and no ensemble. None otherwise (evaluated here)."""
-    path = Path(policy).parent.parent / "eval" / EVAL_INFO
+    path = StudyRunFolder(Path(policy).parent.parent).eval_info  # a study run's policy: RUN/train/policy
     if not path.is_file():
         return None
     report = json.loads(path.read_text())
@@ -177,7 +177,7 @@ def study_policies(results: Path, work: Path | None) -> dict[str, str]:
     folders under ``work`` (default ``outputs/studies/<name>``)."""
     record = json.loads((results / "runs.json").read_text())
     work = work or Path("outputs/studies") / record["study"]["name"]
-    policies = {r["id"]: str(work / r["id"] / "train" / "policy") for r in record["runs"]}
+    policies = {r["id"]: str(StudyRunFolder(work / r["id"]).train.policy) for r in record["runs"]}
     missing = [p for p in policies.values() if not Path(p).is_dir()]
     if missing:
         raise SystemExit(f"no policy at {missing[0]}: run the study there first (vla study run), or give --work")

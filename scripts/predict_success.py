@@ -49,6 +49,7 @@ import numpy as np
 from vla.data.reader import read_recording
 from vla.io import atomic_write_text
 from vla.provenance import provenance
+from vla.run_folder import StudyRunFolder
 
 MIN_CELLS = 5  # fewer runs than this give no correlation (with 4, rho takes only a handful of values)
 N_BOOT = 2000
@@ -352,7 +353,7 @@ def on_disk(cells: list[dict[str, Any]], work: Path) -> list[tuple[dict[str, Any
     found = []
     for c in cells:
         for study in (c["study"], *c["also_in"]):
-            path = work / study / c["id"] / "train" / "policy"
+            path = StudyRunFolder(work / study / c["id"]).train.policy
             if (path / "config.json").is_file():
                 found.append((c, path))
                 break

@@ -1,6 +1,7 @@
 """A training run's folder and the files in it, named once (the layout is in ``vla.checkpoints``): the trainer
 writes them, and the study runner, the defaults (a resumed run's choices) and the evaluation (the run behind a policy)
-read them through ``RunFolder``."""
+read them through ``RunFolder``. A study run's work folder (``vla.study.runner``), which holds a training run and its
+evaluation, is ``StudyRunFolder``."""
 
 from __future__ import annotations
 
@@ -106,3 +107,43 @@ class RunFolder:
     def saved_checkpoints(self) -> list[Path]:
         """The ``step_*`` checkpoint folders, oldest first."""
         return sorted(self.checkpoints.glob("step_*"))
+
+
+@dataclass(frozen=True)
+class StudyRunFolder:
+    """One study run's work folder: its training run (``train/``), its evaluation (``eval/``, what ``vla eval --out``
+    wrote), what produced it (``identity.json``, written before training starts), the log of both commands, their
+    wall times, and once finished its record (``run.json``)."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def train(self) -> RunFolder:
+        return RunFolder(self.path / "train")
+
+    @property
+    def eval(self) -> Path:
+        return self.path / "eval"
+
+    @property
+    def eval_info(self) -> Path:
+        return self.eval / EVAL_INFO
+
+    @property
+    def identity(self) -> Path:
+        return self.path / "identity.json"
+
+    @property
+    def log(self) -> Path:
+        return self.path / "log.txt"
+
+    @property
+    def walls(self) -> Path:
+        return self.path / "walls.json"  # seconds per stage (train, eval), summed over resumes
+
+    @property
+    def record(self) -> Path:
+        return self.path / "run.json"

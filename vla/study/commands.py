@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from vla.provenance import portable_command
-from vla.run_folder import RunFolder
+from vla.run_folder import StudyRunFolder
 from vla.study.records import without_output_dir
 from vla.study.spec import EVAL_KEYS, Run, Study, eval_arguments
 
@@ -32,14 +32,14 @@ def train_command(study: Study, run: Run, folder: Path) -> list[str]:
         f"--dataset_root={study.dataset}",
         *run.overrides,
         f"--seed={run.seed}",
-        f"--output_dir={folder / 'train'}",
+        f"--output_dir={StudyRunFolder(folder).train.path}",
         "--progress=false",
     )
 
 
 def eval_command(study: Study, folder: Path) -> list[str]:
     return vla_command(
-        "eval", *eval_arguments(study.eval, str(RunFolder(folder / "train").policy), str(folder / "eval"))
+        "eval", *eval_arguments(study.eval, str(StudyRunFolder(folder).train.policy), str(StudyRunFolder(folder).eval))
     )
 
 

@@ -29,7 +29,6 @@ from vla.study.spec import EVAL_KEYS, MAX_EPISODES, MAX_SEED, check_study
 
 FORMAT = 1
 RUNS_FILE = "runs.json"
-RUN_FILE = "run.json"
 _RESTORE = "restore it (git checkout, or the newest runs.json.*.bak beside it) or move it aside"
 
 

@@ -38,11 +38,10 @@ from typing import Any
 
 from vla.io import write_json
 from vla.provenance import dataset_fingerprint, git_state, portable_command, provenance
-from vla.run_folder import EVAL_INFO, RunFolder
+from vla.run_folder import RunFolder, StudyRunFolder
 from vla.study.commands import eval_command, identity, train_command, vla_command
 from vla.study.lock import Children, Stopped, StudyLock
 from vla.study.records import (
-    RUN_FILE,
     RUNS_FILE,
     changes,
     legacy_identity,
@@ -52,7 +51,6 @@ from vla.study.records import (
 )
 from vla.study.spec import MIN_SEEDS, Run, Study, read_eval_arguments
 
-IDENTITY_FILE = "identity.json"  # written into a run's folder before its training starts
 PAGES = ("README.md", "success.png")  # what vla study run writes beside runs.json
 
 
@@ -80,7 +78,7 @@ def ensure_dataset(study: Study, log=print, children: Children | None = None) ->
 def _folder_identity(folder: Path, wants: dict[str, Any]) -> dict[str, Any]:
     """What a run folder was started with: its ``identity.json``, else (a folder from before it existed) the
     ``vla train`` and ``vla eval`` commands its log lists; empty when neither says."""
-    path = folder / IDENTITY_FILE
+    path = StudyRunFolder(folder).identity
     if path.exists():
         try:
             found = json.loads(path.read_text())
@@ -90,7 +88,8 @@ def _folder_identity(folder: Path, wants: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{path} cannot be read; delete the run folder {folder} to train the run again")
         return found
     had: dict[str, Any] = {}
-    lines = (folder / "log.txt").read_text().splitlines() if (folder / "log.txt").is_file() else []
+    log = StudyRunFolder(folder).log
+    lines = log.read_text().splitlines() if log.is_file() else []
     for line in lines:
         if not line.startswith("$ ") or " -m vla.cli " not in line:
             continue
@@ -125,7 +124,7 @@ def plan(study: Study, work: Path, results: Path | None = None) -> Plan:
     by_id = {r["id"]: r for r in out.summary["runs"]} if out.summary else {}
     for run in study.runs():
         wants, folder = identity(study, run), work / run.id
-        record = read_record(folder / RUN_FILE)
+        record = read_record(StudyRunFolder(folder).record)
         if record is None and not folder.exists():
             record = by_id.get(run.id)
         if record is not None:
@@ -176,7 +175,7 @@ def _resumable(cmd: list[str], train_dir: Path) -> list[str]:
 
 def _read_eval(folder: Path, run: Run) -> dict[str, Any]:
     """The run's ``eval_info.json``, checked; a broken one is named with the fix (the run's record elsewhere stays)."""
-    path = folder / "eval" / EVAL_INFO
+    path = StudyRunFolder(folder).eval_info
     try:
         report = json.loads(path.read_text())
         _episodes(report)
@@ -197,8 +196,9 @@ def execute(
     """Train (or resume) and evaluate one run in child processes, then write its ``run.json``."""
     children = children or Children()
     folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / IDENTITY_FILE).exists():
-        write_json(folder / IDENTITY_FILE, identity(study, run))
+    place = StudyRunFolder(folder)
+    if not place.identity.exists():
+        write_json(place.identity, identity(study, run))
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(study.threads),
@@ -206,15 +206,15 @@ def execute(
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
     }
-    walls: dict[str, float] = _read(folder / "walls.json") or {}  # seconds per stage, summed over resumes
-    with (folder / "log.txt").open("a") as log:
+    walls: dict[str, float] = _read(place.walls) or {}  # seconds per stage, summed over resumes
+    with place.log.open("a") as log:
         for stage in ("train", "eval"):
-            if stage == "train" and RunFolder(folder / "train").policy.is_dir():
+            if stage == "train" and place.train.policy.is_dir():
                 continue
-            if stage == "eval" and (folder / "eval" / EVAL_INFO).is_file():
+            if stage == "eval" and place.eval_info.is_file():
                 continue
             if stage == "train":
-                cmd = _resumable(train_command(study, run, folder), folder / "train")
+                cmd = _resumable(train_command(study, run, folder), place.train.path)
             else:
                 cmd = eval_command(study, folder)
             log.write(f"$ {' '.join(cmd)}\n")
@@ -222,10 +222,10 @@ def execute(
             start = time.perf_counter()
             code = children.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             walls[stage] = walls.get(stage, 0.0) + time.perf_counter() - start
-            write_json(folder / "walls.json", walls)
+            write_json(place.walls, walls)
             if code != 0:
-                raise RuntimeError(f"run {run.id}: {stage} failed (exit {code}); see {folder / 'log.txt'}")
-    train_config = json.loads(RunFolder(folder / "train").config.read_text())
+                raise RuntimeError(f"run {run.id}: {stage} failed (exit {code}); see {place.log}")
+    train_config = json.loads(place.train.config.read_text())
     report = _read_eval(folder, run)
     successes, seeds, per_task = _episodes(report)
     record = {
@@ -243,8 +243,8 @@ def execute(
         "tokens_per_chunk": report.get("tokens_per_chunk"),
         "valid_chunk_rate": report.get("valid_chunk_rate"),
         "latency_ms_mean": report.get("latency_ms_mean"),
-        "final_loss": _final_loss(folder / "train"),
-        **({"offline": offline} if (offline := _offline(folder / "train")) else {}),
+        "final_loss": _final_loss(place.train.path),
+        **({"offline": offline} if (offline := _offline(place.train.path)) else {}),
         "train_wall_s": walls.get("train"),
         "eval_wall_s": walls.get("eval"),
         # The command that reproduces the run's training (its evaluation: study.eval).
@@ -256,7 +256,7 @@ def execute(
             command=["vla", *train_command(study, run, folder)[3:]],
         ),
     }
-    write_json(folder / RUN_FILE, record)
+    write_json(place.record, record)
     return record
 
 
