@@ -14,6 +14,7 @@ from vla.config import TrainConfig, load_config
 from vla.data.stats import frame_stats
 from vla.policy import VLAConfig
 from vla.policy.factory import build_policy
+from vla.run_folder import RunFolder
 from vla.tokenizer_choice import tokenizer_config
 
 
@@ -386,7 +387,7 @@ def test_the_next_step_follows_the_verdict(tmp_path):
         "beats_mean_action": True,
         "beats_hold_state": False,
     }
-    lines = train.final_lines(report, tmp_path, cfg, 300, 1e-3, 1e-3, 300)
+    lines = train.final_lines(report, RunFolder(tmp_path), cfg, 300, 1e-3, 1e-3, 300)
     assert lines == [
         "offline verdict: beats the mean action: yes (0.350 vs 0.640); beats holding the state: no (0.350 "
         "vs 0.276); held-out RMSE, normalised, 1 held-out episode (a noisy verdict)",
@@ -394,11 +395,11 @@ def test_the_next_step_follows_the_verdict(tmp_path):
         "the state will mostly stand still on the robot",
     ]
     good = {**report, "policy": {"rmse": 0.2}, "beats_hold_state": True, "heldout_episodes": [1, 2, 3]}
-    assert train.final_lines(good, tmp_path, cfg, 300, 1e-4, 1e-3, 300)[-1] == (
+    assert train.final_lines(good, RunFolder(tmp_path), cfg, 300, 1e-4, 1e-3, 300)[-1] == (
         f"next: run it: vla serve --policy {tmp_path / 'policy'} (on a robot), or vla eval --policy "
         f"{tmp_path / 'policy'} (in a simulator)"
     )
-    assert train.final_lines(None, tmp_path, cfg, 300, 1e-4, 1e-3, 300) == [
+    assert train.final_lines(None, RunFolder(tmp_path), cfg, 300, 1e-4, 1e-3, 300) == [
         "offline verdict: none, no episode was held out; pass --heldout_episodes=0.1 to measure the policy against the "
         "mean action and holding the state"
     ]

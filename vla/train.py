@@ -43,7 +43,7 @@ from vla.io import atomic_write_text
 from vla.policy import VLAPolicy
 from vla.policy.factory import build_policy, check_finetuning
 from vla.policy.pipeline import Collate
-from vla.run_folder import RunFolder
+from vla.run_folder import POLICY, RunFolder
 
 
 class Diverged(RuntimeError):
@@ -206,7 +206,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     run = RunFolder(cfg.output_dir)
     encoded, resume_from = start_run(run, cfg, accelerator)
     torch.manual_seed(cfg.seed)
-    policy = VLAPolicy.from_pretrained(resume_from / "policy") if resume_from else build_policy(cfg, info, train_eps)
+    policy = VLAPolicy.from_pretrained(resume_from / POLICY) if resume_from else build_policy(cfg, info, train_eps)
     policy.train()
     if not resume_from:
         say_choices(policy, encoded, accelerator)
@@ -520,7 +520,7 @@ def finish(
             print(f"report in {run.report('.md')}")
         print(f"final loss {final_loss:.4f}, {samples_per_s:.1f} samples/s; policy in {run.policy}")
         lr = (opt.scheduler.get_last_lr()[0], policy_lr(final), final.config.scheduler_decay_steps)
-        for line in final_lines(report, run.path, cfg, progress.step, *lr):
+        for line in final_lines(report, run, cfg, progress.step, *lr):
             print(line)  # the verdict and what to do next, last
     return {
         "final_loss": final_loss,
@@ -551,11 +551,17 @@ def policy_lr(policy) -> float:
 
 
 def final_lines(
-    report: dict[str, Any] | None, run: Path, cfg: TrainConfig, steps: int, lr: float, peak: float, decay: int | None
+    report: dict[str, Any] | None,
+    run: RunFolder,
+    cfg: TrainConfig,
+    steps: int,
+    lr: float,
+    peak: float,
+    decay: int | None,
 ) -> list[str]:
     """The run's last lines: the offline verdict (does the policy beat the mean action and holding the state on the
     held-out episodes?), how far the learning-rate schedule (decaying over ``decay`` steps) got, and the next step."""
-    lines, policy = [], run / "policy"
+    lines, policy = [], run.policy
     if decay is not None and steps < decay:
         lines.append(
             f"learning rate at the end: {lr:.2g}, {lr / peak:.0%} of its peak: the schedule decays over "
