@@ -35,6 +35,23 @@ EVAL_SEED_START = 1_000_000  # far beyond any recording; `record` refuses to cro
 OBSERVATIONS = ("privileged", "proprio", "lerobot")
 
 
+def lerobot_features(
+    state_names: list[str], action_names: list[str], image_keys: list[str], image_size: int
+) -> dict[str, dict]:
+    """An env's LeRobot feature spec: the state and action vectors by name, and each camera as an "image" feature
+    (a recording stores them as video or PNG)."""
+    from lerobot.utils.constants import ACTION, OBS_STATE
+
+    features: dict[str, dict] = {
+        OBS_STATE: {"dtype": "float32", "shape": (len(state_names),), "names": list(state_names)},
+        ACTION: {"dtype": "float32", "shape": (len(action_names),), "names": list(action_names)},
+    }
+    for key in image_keys:
+        shape = (image_size, image_size, 3)
+        features[key] = {"dtype": "image", "shape": shape, "names": ["height", "width", "channels"]}
+    return features
+
+
 class Env(Protocol):
     """One task of one simulator, reset per seed. Observations are unbatched dicts with the dataset's keys."""
 

@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from lerobot.utils.constants import ACTION, OBS_STATE
+from lerobot.utils.constants import OBS_STATE
 
 from vla.data.reader import IMAGE_PREFIX
 from vla.names import check_name
-from vla.sim import Episode, checked_max_steps
+from vla.sim import Episode, checked_max_steps, lerobot_features
 from vla.sim.render import checked_cameras, fast_renderer
 
 FPS = 50
@@ -287,16 +287,8 @@ class AlohaEnv(Episode):
 
     @property
     def features(self) -> dict[str, dict]:
-        """The LeRobot feature spec of the observations and actions (cameras as "image" features; a recording stores
-        them as video or PNG)."""
-        features: dict[str, dict] = {
-            OBS_STATE: {"dtype": "float32", "shape": (len(self._state_names),), "names": self._state_names},
-            ACTION: {"dtype": "float32", "shape": (ACTION_DIM,), "names": JOINT_NAMES},
-        }
-        for key in self.image_keys:
-            shape = (self.image_size, self.image_size, 3)
-            features[key] = {"dtype": "image", "shape": shape, "names": ["height", "width", "channels"]}
-        return features
+        """The LeRobot feature spec of the observations and actions (``vla.sim.lerobot_features``)."""
+        return lerobot_features(self._state_names, JOINT_NAMES, self.image_keys, self.image_size)
 
     # -- the interface ---------------------------------------------------------------------------
 

@@ -39,11 +39,11 @@ import warnings
 from typing import Any
 
 import numpy as np
-from lerobot.utils.constants import ACTION, OBS_IMAGE, OBS_STATE
+from lerobot.utils.constants import OBS_IMAGE, OBS_STATE
 
 from vla.data.reader import IMAGE_PREFIX
 from vla.names import check_name
-from vla.sim import OBSERVATIONS, Episode, Family, checked_max_steps, register
+from vla.sim import OBSERVATIONS, Episode, Family, checked_max_steps, lerobot_features, register
 from vla.sim.render import checked_cameras, close_at_exit, fast_renderer, offscreen_error
 
 ACTION_DIM = 4
@@ -212,17 +212,9 @@ class MetaWorldEnv(Episode):
 
     @property
     def features(self) -> dict[str, dict]:
-        """The LeRobot feature spec of the observations and actions (cameras as "image" features; a recording stores
-        them as video or PNG)."""
+        """The LeRobot feature spec of the observations and actions (``vla.sim.lerobot_features``)."""
         state_names = STATE_NAMES if self.observation == "privileged" else PROPRIO_STATE_NAMES
-        features: dict[str, dict] = {
-            OBS_STATE: {"dtype": "float32", "shape": (len(state_names),), "names": state_names},
-            ACTION: {"dtype": "float32", "shape": (ACTION_DIM,), "names": ACTION_NAMES},
-        }
-        for key in self.image_keys:
-            shape = (self.image_size, self.image_size, 3)
-            features[key] = {"dtype": "image", "shape": shape, "names": ["height", "width", "channels"]}
-        return features
+        return lerobot_features(state_names, ACTION_NAMES, self.image_keys, self.image_size)
 
     # -- the interface ---------------------------------------------------------------------------
 
