@@ -39,7 +39,7 @@ from action_tokenizers.synthetic import smooth_chunks
 from tqdm.auto import tqdm
 
 from tokenizers import Tokenizer, models
-from vla.io import atomic_write_text
+from vla.io import write_json
 from vla.provenance import headline_path, provenance, quiet_machine
 
 
@@ -324,7 +324,7 @@ def main() -> None:
     args.out = headline_path(args.out, results["machine"], args.allow_loaded)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     results["provenance"] = provenance(config=config, dataset=args.root)
-    atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results)
     print(json.dumps(results["throughput_chunks_per_s"], indent=2))
     if "fsq_fit_large" in results:
         print(json.dumps(results["fsq_fit_large"], indent=2))

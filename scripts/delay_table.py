@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from vla.evaluate import EVAL_SEED_START, evaluate
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, write_json
 from vla.provenance import provenance
 from vla.run_folder import StudyRunFolder
 
@@ -333,7 +333,7 @@ def main() -> None:
     def write(rows: list[dict]) -> None:  # after every evaluation: a stopped table loses one evaluation at most
         cells = table(rows)
         record = {"rows": rows, "cells": cells, "provenance": provenance(config=config, threads=args.threads)}
-        atomic_write_text(args.out / "delay.json", json.dumps(record, indent=2) + "\n")
+        write_json(args.out / "delay.json", record)
         paths = {r["policy"]: r["path"] for r in rows}
         atomic_write_text(args.out / "README.md", markdown(cells, args, paths))
         plot(cells, args.out / "delay.png")

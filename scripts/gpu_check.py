@@ -348,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from vla.io import atomic_write_text
+    from vla.io import write_json
 
-    atomic_write_text(path, json.dumps(out, indent=2) + "\n")
+    write_json(path, out)
     print(f"wrote {path} in {out['seconds']:.0f} s")
     return 0
 

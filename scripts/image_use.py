@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from vla.data.torch_dataset import ActionChunkDataset
-from vla.io import atomic_write_text
+from vla.io import write_json
 from vla.policy import VLAPolicy
 from vla.policy.pipeline import IMAGES, run
 from vla.provenance import provenance
@@ -68,7 +68,7 @@ def main() -> None:
     args = p.parse_args()
     result = {"policy": str(args.policy), **measure(VLAPolicy.from_pretrained(args.policy).eval(), args.dataset)}
     result["provenance"] = provenance(config={"policy": str(args.policy)}, dataset=args.dataset)
-    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ import torch  # noqa: E402
 from lerobot.utils.constants import OBS_STATE  # noqa: E402
 
 from vla.data import columns, reader  # noqa: E402
-from vla.io import atomic_write_text  # noqa: E402
+from vla.io import atomic_write_text, write_json  # noqa: E402
 from vla.regression import RegressionConfig, RegressionPolicy, hidden_for, train_regression  # noqa: E402
 from vla.sim import (  # noqa: E402
     EVAL_SEED_START,
@@ -304,7 +303,7 @@ def main() -> None:
         "seconds": {k: None if v is None else round(v, 1) for k, v in times.items()},
         "threads": torch.get_num_threads(),
     }
-    atomic_write_text(out / "multimodal.json", json.dumps(report, indent=2) + "\n")
+    write_json(out / "multimodal.json", report)
     header = (
         f"{ENV}: {rec['episodes']} demonstrations (expert LEFT or RIGHT 50/50), {args.eval_episodes} evaluation "
         f"episodes per policy; tokenized = {CONFIG} ({c.preset}, {policy.action_tokenizer.name}, "

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from vla.data.reader import read_recording
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, write_json
 from vla.provenance import provenance
 from vla.run_folder import StudyRunFolder
 
@@ -658,7 +658,7 @@ def main() -> None:
             "measurements": rows,
             "provenance": provenance(config=config, threads=args.threads),
         }
-        atomic_write_text(args.out / "predictor.json", json.dumps(record, indent=2) + "\n")
+        write_json(args.out / "predictor.json", record)
         atomic_write_text(args.out / "README.md", markdown(record, args))
         plot_largest(measured, record["measured_correlations"], args.out / "predictor.png")
 

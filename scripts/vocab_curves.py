@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, write_json
 from vla.provenance import provenance
 
 
@@ -189,7 +189,7 @@ def main() -> int:
         raise SystemExit(f"no study under {args.results} holds a run of the cells in CELLS: run the studies first")
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"cells": rows, "missing": missing, "provenance": provenance(config={"results": str(args.results)})}
-    atomic_write_text(args.out / "vocab_curves.json", json.dumps(record, indent=2) + "\n")
+    write_json(args.out / "vocab_curves.json", record)
     atomic_write_text(args.out / "README.md", page(rows, missing))
     plot(rows, args.out / "vocab_curves.png")
     print(table(rows, missing), end="")

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, write_json
 
 
 def fit_cell(r: dict[str, Any]) -> str:
@@ -94,7 +93,7 @@ def write_outputs(results: dict[str, Any], out_dir: Path, name: str = "compare")
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / f"{name}.json", json.dumps(results, indent=2) + "\n")
+    write_json(out_dir / f"{name}.json", results)
     answer = recommendation_text(results)
     atomic_write_text(out_dir / f"{name}.md", (answer + "\n" if answer else "") + markdown_table(results))
     toks = results["tokenizers"]

@@ -27,7 +27,7 @@ from typing import Any
 
 from vla import evaluate, train
 from vla.config import load_config
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, write_json
 from vla.provenance import provenance
 from vla.sim import record
 
@@ -191,7 +191,7 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / "demo.json", json.dumps(result, indent=2) + "\n")
+    write_json(out_dir / "demo.json", result)
     atomic_write_text(out_dir / "demo.md", markdown(result))
     names = list(result["tokenizers"])
     rows = [result["tokenizers"][n] for n in names]

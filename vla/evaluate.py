@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from vla.execution import COMMITTED
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, write_json
 from vla.policy import VLAPolicy
 from vla.policy.commit_search import REFUSES_COMMITTED
 from vla.policy.saved_config import check_policy_folder
@@ -458,7 +457,7 @@ def _report(results: list, names: list[str], env_name: str, episodes: int, seed_
 def _write(out_dir: Path, report: dict[str, Any], frames: dict[int, list[np.ndarray]], env_name: str) -> None:
     """``eval_info.json`` (and per task ``eval_tasks.md`` / ``.png``; the GIF ``rollouts.gif``) in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / EVAL_INFO, json.dumps(report, indent=2) + "\n")
+    write_json(out_dir / EVAL_INFO, report)
     if "tasks" in report:
         rates = {"success": task_rates(report)}
         atomic_write_text(out_dir / "eval_tasks.md", task_table(rates))

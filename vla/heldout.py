@@ -26,7 +26,6 @@ Decoding is the policy's own ``predict_action_chunk`` (its prompt and output pip
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from vla.data import reader
 from vla.data.stats import frame_stats
 from vla.data.torch_dataset import ActionChunkDataset
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, write_json
 from vla.policy.pipeline import IMAGES, SEQUENCE, current_state, packed, run
 from vla.run_folder import RunFolder
 
@@ -284,7 +283,7 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
             "provenance": provenance(config=config, dataset=root if root and Path(root).is_dir() else None),
         }
     run_folder = RunFolder(out_dir)
-    atomic_write_text(run_folder.report(".json"), json.dumps(report, indent=2) + "\n")
+    write_json(run_folder.report(".json"), report)
     atomic_write_text(run_folder.report(".md"), markdown(report))
     rows = {"policy": report["policy"], **{k: v for k, v in report["baselines"].items() if v is not None}}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))

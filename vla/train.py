@@ -39,7 +39,7 @@ from vla.config import TrainConfig
 from vla.data import columns, reader
 from vla.data.torch_dataset import ActionChunkDataset, choose_backend
 from vla.heldout import Heldout, plot_curves, write_report
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, write_json
 from vla.policy import VLAPolicy
 from vla.policy.factory import build_policy, check_finetuning
 from vla.policy.pipeline import Collate
@@ -224,7 +224,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                 info, heldout_eps, train_eps, accelerator.unwrap_model(policy).config, cfg.eval_chunks
             )
             ids = {"heldout_episodes": heldout_eps, "train_episodes": train_eps, "eval_chunks": len(heldout)}
-            atomic_write_text(run.heldout, json.dumps(ids, indent=2) + "\n")
+            write_json(run.heldout, ids)
     progress = Progress(start_step)
     try:
         train_steps(cfg, accelerator, policy, opt, ema, loader, progress, run, heldout, measuring=bool(heldout_eps))
