@@ -3,7 +3,8 @@
 optimiser and EMA step, one checkpoint) per recipe and number of torch threads, old code against new.
 
     python scripts/bench_train.py --before /path/to/an/older/checkout [--after /path/to/a/checkout] \\
-        [--recipes fast,images,aloha] [--threads 1,2] [--steps 100] [--repeats 3] [--compiled] [--side-by-side]
+        [--recipes fast,images,aloha] [--threads 1,2] [--steps 100] [--repeats 3] [--compiled] [--side-by-side] \\
+        [--train-args="--tokenizer.vocab_size=1024"]
 
 Each measurement is one `python -m vla.cli train` process (batch 32, ``configs/<recipe>.yaml``, no held-out
 episodes, ``--num_workers=0``, ``OMP_NUM_THREADS`` = the thread count) of the checkout named by its label, on a small
@@ -14,7 +15,9 @@ same load on a shared machine; the median of the repeats is reported, with the m
 run; the files are rewritten after every round of runs. ``--compiled`` also runs the new checkout with
 ``--compile=true`` (``torch.compile`` of the layers). ``--side-by-side`` also runs each checkout as two one-thread
 processes of the same recipe at once, as ``vla study`` runs two trainings on two cores: each process's rate is one run
-of that cell (``processes`` 2), to set beside one process alone on one thread.
+of that cell (``processes`` 2), to set beside one process alone on one thread. ``--train-args`` pins settings for
+both checkouts: code whose defaults choose differently (FAST's vocabulary, chosen from the data since ``auto``) would
+otherwise train another model, and its rate would say nothing about the code.
 
 Two rates per run: ``samples_per_s``, the trainer's own (every step, the first included, and the final checkpoint),
 and ``steady_samples_per_s`` from its metrics (logged every 10 steps) over the steps after the first 20, which leaves
@@ -28,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -229,6 +233,12 @@ def main() -> None:
         "--side-by-side", action="store_true", help="also run two one-thread processes at once, as vla study does"
     )
     parser.add_argument(
+        "--train-args",
+        default="",
+        help="vla train arguments for every run of both checkouts, one string (e.g. '--tokenizer.vocab_size=1024': "
+        "the same vocabulary for code whose default chooses another, so that both do the same work)",
+    )
+    parser.add_argument(
         "--loss-curve-steps",
         type=int,
         default=0,
@@ -244,9 +254,10 @@ def main() -> None:
     if args.steps < WARMUP_STEPS + 2 * LOG_EVERY:
         raise ValueError(f"--steps must be at least {WARMUP_STEPS + 2 * LOG_EVERY} (warm-up plus two metrics lines)")
     roots = ensure_datasets(recipes)
-    codes = {"before": (args.before.resolve(), []), "after": (args.after.resolve(), [])}
+    shared = shlex.split(args.train_args)
+    codes = {"before": (args.before.resolve(), shared), "after": (args.after.resolve(), shared)}
     if args.compiled:
-        codes["after_compiled"] = (args.after.resolve(), ["--compile=true"])
+        codes["after_compiled"] = (args.after.resolve(), [*shared, "--compile=true"])
     from vla.provenance import git_state
 
     # Each checkout's commit, read before any run (the results file this script writes may lie inside one).
