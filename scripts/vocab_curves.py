@@ -54,6 +54,9 @@ CELLS = (
     Cell(ALOHA, "aloha_vocab", "fast", "v256", 256, 200),
 )
 COLOURS = {PIXELS: "tab:blue", DEMO: "tab:green", ALOHA: "tab:red"}
+# What vocab_size="auto" chooses on each group's data (results/vocab_stats; ALOHA: the rule's 2,500 occurrences,
+# 50 x T, met by 256 ids and not by 512, action_tokenizers.rate), by (group, demonstrations)
+AUTO = {(PIXELS, 200): 128, (PIXELS, 50): 128, (DEMO, 200): 128, (ALOHA, 200): 256}
 
 
 def gather(results: Path, cells=CELLS) -> tuple[list[dict], list[str]]:
@@ -93,6 +96,7 @@ def table(rows: list[dict], missing: list[str]) -> str:
         std = "n/a" if r["std"] is None else f"{r['std'] * 100:.1f} pts"
         seeds = ", ".join(f"s{s}: {v:.0%}" for s, v in zip(r["seeds"], r["success"]))
         vocab = f"{r['vocab']:,}" + ("*" if r["why"] else "")
+        vocab += " (auto)" if AUTO.get((r["group"], r["demos"])) == r["vocab"] else ""
         lines.append(
             f"| {r['group']} | {r['demos']} | {vocab} | {r['ids_mean']:.1f} | {len(r['seeds'])} | "
             f"**{r['mean']:.1%}** | {std} | {seeds} | `{r['study']}` |"
@@ -144,9 +148,11 @@ def plot(rows: list[dict], path: Path) -> None:
                     capsize=3,
                     label=label,
                 )
-                for r in mine:  # each seed, faint
+                for r in mine:  # each seed, faint; auto's choice ringed
                     seeds_x = [r[x]] * len(r["success"]) if x == "vocab" else r["tokens_per_chunk"]
                     ax.scatter(seeds_x, r["success"], color=colour, alpha=0.25, s=14)
+                    if AUTO.get((group, demos)) == r["vocab"]:
+                        ax.scatter([r[x]], [r["mean"]], s=160, facecolors="none", edgecolors="k", lw=1.2)
     for vocab, marker in ((128, "o"), (256, "s"), (1024, "^")):
         mine = sorted((r for r in rows if r["group"] == PIXELS and r["vocab"] == vocab), key=lambda r: r["demos"])
         if mine:
@@ -171,6 +177,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
     by_vocab.set_ylabel("closed-loop success (mean over training seeds, bars: std)")
+    by_vocab.set_title("ringed: what vocab_size='auto' chooses", fontsize=9)
     by_vocab.legend(fontsize=7, loc="lower left")
     by_data.legend(fontsize=8)
     fig.suptitle("FAST's vocabulary and closed-loop success")

@@ -67,8 +67,8 @@ def test_cells_take_their_own_runs_and_missing_studies_are_named(tmp_path, monke
     monkeypatch.setattr(sys, "argv", ["vocab_curves.py", "--results", str(results), "--out", str(out)])
     assert module.main() == 0
     page = (out / "README.md").read_text()
-    assert "| push-v3, 64 px camera, 4,000 steps | 200 | 128 | 10.0 | 2 | **70.0%** | 14.1 pts |" in page
-    assert "1,024*" in page and "Not run yet:" in page
+    assert "| push-v3, 64 px camera, 4,000 steps | 200 | 128 (auto) | 10.0 | 2 | **70.0%** | 14.1 pts |" in page
+    assert "1,024*" in page and "Not run yet:" in page and "| 128 (auto) |" in page
     record = json.loads((out / "vocab_curves.json").read_text())
     assert len(record["cells"]) == 4 and record["provenance"]["commit"]
     assert_plot(out / "vocab_curves.png")
