@@ -49,6 +49,22 @@ def test_another_tokenizer_type_drops_the_files_tokenizer_options(tmp_path):
         load_config(str(bad), ["--tokenizer.type=beast"])
 
 
+def test_a_tokenizer_option_alone_sets_the_default_tokenizers_option(tmp_path):
+    """With no config file (vla train --dataset_root=DIR) or a file without a tokenizer section, one of FAST's options
+    on its own sets it on the default tokenizer, where draccus would refuse a tokenizer section without its type."""
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("steps: 5\n")
+    for path in (None, str(bare)):
+        cfg = load_config(path, [f"--dataset_root={tmp_path}", "--tokenizer.vocab_size=128"])
+        assert isinstance(cfg.tokenizer, TOKENIZER_CONFIGS["fast"]) and cfg.tokenizer.vocab_size == 128
+        assert (
+            load_config(path, [f"--dataset_root={tmp_path}", "--tokenizer.vocab_size=null"]).tokenizer.vocab_size
+            is None
+        )
+    with pytest.raises(ValueError, match="n_bins"):  # still FAST: a binning option is named as no field of it
+        load_config(None, [f"--dataset_root={tmp_path}", "--tokenizer.n_bins=64"])
+
+
 def test_tokenizer_choices_are_the_librarys_registry():
     """One registry: every registered tokenizer is a config choice with the fields and defaults of its Options."""
     import dataclasses

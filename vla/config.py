@@ -135,7 +135,7 @@ def load_config(config_path: str | None = None, args: list[str] | None = None, l
             path = str(Path(tmp) / "from_data.yaml")
             Path(path).write_text(yaml.safe_dump(FROM_DATA, sort_keys=False))
         copy = _without_other_tokenizer_options(path, args, Path(tmp))
-        return _parse(copy or path, args)
+        return _parse(copy or path, _with_tokenizer_type(path, args))
 
 
 def shipped_configs(here: Path | None = None) -> Path | None:
@@ -240,6 +240,20 @@ def _without_other_tokenizer_options(path: str | None, args: list[str], tmp: Pat
     copy = tmp / Path(path).name
     copy.write_text(yaml.safe_dump(content, sort_keys=False))
     return str(copy)
+
+
+def _with_tokenizer_type(path: str, args: list[str]) -> list[str]:
+    """``args`` with ``--tokenizer.type`` set to the default tokenizer when they set a tokenizer option but neither
+    they nor the file at ``path`` name the type (``vla train --dataset_root=DIR --tokenizer.vocab_size=128``: draccus
+    reads a tokenizer section only with its type)."""
+    options = [a.split("=", 1)[0] for a in args if a.startswith("--tokenizer.")]
+    if not options or "--tokenizer.type" in options:
+        return args
+    content = yaml.safe_load(Path(path).read_text()) or {}
+    tokenizer = content.get("tokenizer") if isinstance(content, dict) else None
+    if isinstance(tokenizer, dict) and "type" in tokenizer:
+        return args
+    return [f"--tokenizer.type={DEFAULT_TOKENIZER}", *args]
 
 
 def _parse(config_path: str | None, args: list[str]) -> TrainConfig:
