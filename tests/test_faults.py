@@ -179,7 +179,7 @@ def test_processor_files_naming_foreign_code_are_refused_before_loading(saved_po
 
     folder = copy_of(saved_policy, tmp_path)
     steps = json.loads((folder / "policy_preprocessor.json").read_text())["steps"]
-    assert "vla_normalizer_processor" in [s["registry_name"] for s in steps]  # the policy's own steps are known
+    assert "normalizer_processor" in [s["registry_name"] for s in steps]  # the policy's own steps are known
     crafted = {"name": "policy_preprocessor", "steps": [{"class": "subprocess.getoutput", "config": {"cmd": "id"}}]}
     (folder / "policy_preprocessor.json").write_text(json.dumps(crafted))
     with pytest.raises(ValueError, match="would import and run that code"):

@@ -125,7 +125,7 @@ def test_processor_steps_are_refused_for_what_is_wrong_with_them(saved_policy, t
     pipeline = json.loads(path.read_text())
     names = [s["registry_name"] for s in pipeline["steps"]]
     # LeRobot's own normaliser names are there, as identity, for lerobot-train --policy.path (test_lerobot.py)
-    assert names[2:4] == ["normalizer_processor", "vla_normalizer_processor"]
+    assert names[2:4] == ["normalizer_processor", "device_processor"]
     cases = [
         (
             {**pipeline["steps"][0], "class": "os.system"},

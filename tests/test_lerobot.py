@@ -1,6 +1,6 @@
 """LeRobot's own commands and pipelines run the policy: the stock ``lerobot-train --policy.type=vla`` (through the
 plugin distribution ``lerobot_policy_vla`` that ``make setup`` installs) with no tokenizer given, ``vla eval`` on
-its checkpoint, LeRobot's processors normalising exactly as vla does, Meta-World's ``observation="lerobot"``
+its checkpoint, LeRobot's processors and the policy acting exactly as vla's own path, Meta-World's ``observation="lerobot"``
 matching LeRobot's own env, and the stock ``lerobot-eval`` scoring a policy trained on such a recording."""
 
 from __future__ import annotations
@@ -92,45 +92,110 @@ def _raw_batch(b: int = 3) -> dict:
     }
 
 
-def test_lerobots_loaded_processors_and_the_policy_give_vlas_actions(tmp_path):
+def _lerobots_pair(folder: Path):
+    """The policy and processors LeRobot's commands load from a saved folder."""
     from lerobot.policies.factory import make_pre_post_processors
 
     from vla.policy import VLAPolicy
-    from vla.policy.processor_vla import NORMALIZER_STEP, UNNORMALIZER_STEP, check_processor_files
+
+    loaded = VLAPolicy.from_pretrained(folder).eval()
+    return (loaded, *make_pre_post_processors(loaded.config, pretrained_path=str(folder)))
+
+
+def test_lerobots_loaded_processors_and_the_policy_give_vlas_actions(tmp_path):
+    """The saved processors only batch and move (LeRobot's normaliser steps as identity); the policy normalises, so
+    LeRobot's chain (pre-processor, ``predict_action_chunk`` or ``select_action``, post-processor) gives exactly the
+    actions of vla's own path, and LeRobot's trainer the same loss."""
+    from vla.policy.processor_vla import RETIRED_STEPS, check_processor_files
 
     policy = _policy_with_a_constant_state_dim()
     policy.save_pretrained(tmp_path / "ckpt")
     check_processor_files(tmp_path / "ckpt")  # our own steps pass the check
-    pre_file = json.loads((tmp_path / "ckpt" / "policy_preprocessor.json").read_text())
-    names = [s["registry_name"] for s in pre_file["steps"]]
-    assert NORMALIZER_STEP in names and all("class" not in s for s in pre_file["steps"])
-    assert (tmp_path / "ckpt" / pre_file["steps"][names.index(NORMALIZER_STEP)]["state_file"]).is_file()
-    post_file = json.loads((tmp_path / "ckpt" / "policy_postprocessor.json").read_text())
-    assert UNNORMALIZER_STEP in [s["registry_name"] for s in post_file["steps"]]
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        steps = json.loads((tmp_path / "ckpt" / name).read_text())["steps"]
+        assert not {s["registry_name"] for s in steps} & set(RETIRED_STEPS) and all("class" not in s for s in steps)
 
-    loaded = VLAPolicy.from_pretrained(tmp_path / "ckpt")
-    pre, post = make_pre_post_processors(loaded.config, pretrained_path=str(tmp_path / "ckpt"))
+    loaded, pre, post = _lerobots_pair(tmp_path / "ckpt")
     batch = _raw_batch()
     obs = {k: v for k, v in batch.items() if k != "action"}
-    expected = policy.predict_action_chunk(obs)  # vla's own path: the policy normalises itself
-    normalised = pre(dict(obs))
-    assert normalised["vla.normalized"] is True
-    state_norm = policy.state_normalizer.normalize(obs["observation.state"].double().numpy())
-    assert np.array_equal(normalised["observation.state"].numpy(), state_norm)  # exact, constant dim at 0
-    assert np.allclose(normalised["observation.state"][:, 3].numpy(), 0.0)
-    chunk = loaded.predict_action_chunk(normalised)  # normalised chunks: the policy did not unnormalise
-    assert not torch.allclose(chunk, expected, atol=1e-3)
-    assert torch.allclose(post(chunk), expected, atol=1e-5)  # float32 rounding of the normalised chunk only
+    expected = policy.predict_action_chunk(obs)  # vla's own path
+    processed = pre(dict(obs))
+    assert torch.equal(processed["observation.state"], obs["observation.state"])  # raw: the policy normalises
+    assert torch.equal(post(loaded.predict_action_chunk(processed)), expected)
 
     loaded.reset()
     action = post(loaded.select_action(pre(dict(obs))))  # what lerobot-eval runs
-    assert torch.allclose(action, expected[:, 0], atol=1e-5)
+    assert torch.equal(action, expected[:, 0])
 
-    # Training: LeRobot's trainer normalises the batch first; the loss is the one vla's own path gives.
+    # Training: LeRobot's trainer runs its pre-processor first; the loss is the one vla's own path gives.
     torch.manual_seed(0)
     loss_vla, _ = policy.forward(dict(batch))
     loss_lerobot, _ = loaded.forward(pre(dict(batch)))
     assert torch.allclose(loss_vla, loss_lerobot, atol=1e-6)
+
+
+def test_relative_actions_run_through_lerobots_chain_as_through_vlas(tmp_path):
+    """A policy whose actions are relative to the state: its chunk becomes absolute with the state it was predicted
+    from, before ``select_action``'s queue, so the actions LeRobot's chain hands out tick by tick, while the state
+    moves on, are vla's own chunk."""
+    from vla.policy import VLAConfig, VLAPolicy
+
+    rng = np.random.default_rng(0)
+    states = rng.standard_normal((300, 5))
+    relative = 0.1 * rng.standard_normal((300, 10, 3))
+    config = VLAConfig(
+        preset="micro",
+        time_horizon=10,
+        n_action_steps=4,
+        device="cpu",
+        init_seed=0,
+        relative_actions=[True, True, False],
+        action_state_dims=[0, 1, 2],
+    )
+    policy = VLAPolicy(
+        config,
+        action_tokenizer=at.BinningTokenizer.fit(at.Normalizer.fit(relative).normalize(relative), n_bins=64),
+        action_normalizer=at.Normalizer.fit(relative),
+        state_normalizer=at.Normalizer.fit(states),
+    ).eval()
+    policy.save_pretrained(tmp_path / "ckpt")
+    loaded, pre, post = _lerobots_pair(tmp_path / "ckpt")
+    obs = {k: v for k, v in _raw_batch(b=1).items() if k != "action"}
+    expected = policy.predict_action_chunk(obs)[0]  # [T, 3] absolute: the first two dims carry the state
+    offset = obs["observation.state"][0, :2]
+    assert not torch.allclose(expected[:, :2] - offset, expected[:, :2], atol=1e-3)
+    loaded.reset()
+    for t in range(config.n_action_steps):
+        moved = {**obs, "observation.state": obs["observation.state"] + t}  # the robot moves; the chunk does not
+        assert torch.equal(post(loaded.select_action(pre(dict(moved))))[0], expected[t])
+
+
+def test_a_folder_saved_with_normalising_processor_steps_acts_normalised_once(tmp_path):
+    """Folders saved while normalisation ran in processor steps name ``vla_normalizer_processor`` and
+    ``vla_unnormalizer_processor`` (with their offsets and scales beside them): they load through LeRobot, and those
+    steps pass the batch through, so the policy's actions are the ones a newly saved folder gives."""
+    from safetensors.torch import save_file
+
+    from vla.policy.processor_vla import RetiredNormalizationStep
+
+    policy = _policy_with_a_constant_state_dim()
+    policy.save_pretrained(tmp_path / "ckpt")
+    state_file = "policy_preprocessor_step_9_vla_normalizer_processor.safetensors"
+    n = policy.action_normalizer
+    tensors = {"action.offset": torch.from_numpy(n.offset), "action.scale": torch.from_numpy(n.scale)}
+    save_file(tensors, str(tmp_path / "ckpt" / state_file))
+    for name, registry in (("policy_preprocessor.json", 0), ("policy_postprocessor.json", 1)):
+        path = tmp_path / "ckpt" / name
+        saved = json.loads(path.read_text())
+        step = {"registry_name": f"vla_{'un' if registry else ''}normalizer_processor", "config": {"modes": {}}}
+        if not registry:
+            step = {**step, "config": {"modes": {"action": "quantile"}}, "state_file": state_file}
+        saved["steps"].insert(len(saved["steps"]) - 1, step)
+        path.write_text(json.dumps(saved))
+    loaded, pre, post = _lerobots_pair(tmp_path / "ckpt")
+    assert any(isinstance(step, RetiredNormalizationStep) for step in pre.steps)
+    obs = {k: v for k, v in _raw_batch().items() if k != "action"}
+    assert torch.equal(post(loaded.predict_action_chunk(pre(dict(obs)))), policy.predict_action_chunk(obs))
 
 
 # --- LeRobot's policy contract: built from the config and its features alone -------------------------------------
@@ -149,8 +214,8 @@ def _features_only_config(tokenizer: str):
 def test_lerobots_policy_contract_builds_saves_and_loads_from_the_config_alone(tmp_path):
     """``get_policy_class("vla")(config)`` with only features set (LeRobot's ``test_policy_defaults``) and its
     save-and-load twin (``test_save_and_load_pretrained``): a binning policy needs no data, and the loaded parameters
-    are the saved ones. Normalisation is then the processors' (built from the dataset's stats): the policy reads the
-    normalised batch they give, refuses a raw one saying so, and the post-processor returns raw actions."""
+    are the saved ones. Without statistics it refuses to act, saying so; given the dataset's statistics (as LeRobot's
+    ``make_policy`` passes them) it normalises, and LeRobot's processors change nothing."""
     from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 
     policy_cls = get_policy_class("vla")
@@ -170,10 +235,9 @@ def test_lerobots_policy_contract_builds_saves_and_loads_from_the_config_alone(t
         key: {"q01": n.offset - n.scale, "q99": n.offset + n.scale}
         for key, n in (("observation.state", reference.state_normalizer), ("action", reference.action_normalizer))
     }
-    pre, post = make_pre_post_processors(loaded.config, dataset_stats=stats)
-    normalised = pre(dict(obs))
-    assert normalised["vla.normalized"] is True
-    chunk = post(loaded.predict_action_chunk(normalised))
+    given = policy_cls(_features_only_config("bin"), dataset_stats=stats).eval()
+    pre, post = make_pre_post_processors(given.config, dataset_stats=stats)
+    chunk = post(given.predict_action_chunk(pre(dict(obs))))
     lo, hi = stats["action"]["q01"], stats["action"]["q99"]
     inside = (chunk.numpy() >= lo - 1e-6) & (chunk.numpy() <= hi + 1e-6)  # bins of [-1, 1] in raw units
     assert chunk.shape == (3, 10, 3) and inside.all()
@@ -219,16 +283,6 @@ def test_lerobot_rollouts_inference_engine_runs_the_saved_policy(tmp_path):
         assert torch.allclose(action, expected[t], atol=1e-5)
 
 
-def test_normalisation_steps_without_their_state_are_refused(tmp_path):
-    from vla.policy.processor_vla import VLANormalizerProcessorStep
-
-    step = VLANormalizerProcessorStep(modes={"observation.state": "quantile"})
-    with pytest.raises(ValueError, match="state lacks observation.state.offset"):
-        step.load_state_dict({})
-    with pytest.raises(ValueError, match="no statistics"):
-        step._apply("observation.state", torch.zeros(1, 2), False, None)
-
-
 # --- Meta-World with LeRobot's observation ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_lerobot_observation_is_what_lerobots_metaworld_env_gives():
@@ -271,7 +325,8 @@ def test_stock_lerobot_train_fits_a_tokenizer_then_vla_eval_on_its_checkpoint(ti
     from vla.cli import main
     from vla.data import reader
     from vla.model.text import prompt_words
-    from vla.policy.processor_vla import NORMALIZER_STEP
+    from vla.policy.fitting import data_normalizers, predicted_chunks
+    from vla.policy.saved_config import load_policy_config
 
     checkpoint = _lerobot_train(tiny_dataset_root, tmp_path / "run")
     config = json.loads((checkpoint / "config.json").read_text())
@@ -281,8 +336,14 @@ def test_stock_lerobot_train_fits_a_tokenizer_then_vla_eval_on_its_checkpoint(ti
     assert config["text_words"] == prompt_words(reader.dataset_info(tiny_dataset_root).tasks)
     tok = at.load_tokenizer(checkpoint / "action_tokenizer")  # fitted on the dataset's chunks
     assert tok.name == "fast" and tok.time_horizon == config["time_horizon"] and tok.action_dim == 4
-    steps = json.loads((checkpoint / "policy_preprocessor.json").read_text())["steps"]
-    assert NORMALIZER_STEP in [s["registry_name"] for s in steps]  # the trainer's own processors, saved
+    # The normalisers vla train computes: exact statistics of the dataset's frames, not stats.json's quantiles.
+    info = reader.dataset_info(tiny_dataset_root)
+    saved = load_policy_config(checkpoint)
+    action, state = data_normalizers(info, saved, predicted_chunks(info, saved, None), None)
+    for name, expected in (("action_normalizer.json", action), ("state_normalizer.json", state)):
+        held = at.Normalizer.load(checkpoint / name)
+        np.testing.assert_array_equal(held.offset, expected.offset)
+        np.testing.assert_array_equal(held.scale, expected.scale)
     assert (
         main(
             [

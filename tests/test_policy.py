@@ -357,7 +357,7 @@ def test_lerobot_factory_path(tmp_path):
     assert action.shape == (1, D) and action.device.type == "cpu"
     with pytest.raises(ValueError, match="action_tokenizer_path"):
         VLAPolicy(VLAConfig(preset="micro", device="cpu"), dataset_stats=stats)
-    bare = VLAPolicy(config).eval()  # no stats: normalisation is the processors' (LeRobot's policy contract)
+    bare = VLAPolicy(config).eval()  # no stats (LeRobot's policy contract): built, and refuses to act
     assert bare.action_normalizer is None and bare.state_normalizer is None
     with pytest.raises(ValueError, match="holds no normalisers"):
         bare.select_action({"observation.state": torch.zeros(1, S), "task": ["push"]})
@@ -372,7 +372,7 @@ def test_collapsed_quantiles_in_lerobot_stats_are_named(tmp_path, caplog):
     config = VLAConfig(preset="micro", device="cpu", time_horizon=T, action_tokenizer_path=str(tmp_path / "tok"))
     with caplog.at_level("WARNING", logger="vla.policy"):
         VLAPolicy(config, dataset_stats=stats)
-    assert "observation.state: dimensions [2] vary" in caplog.text and "frame_stats" in caplog.text
+    assert "observation.state: dimensions [2] vary" in caplog.text and "dataset_meta" in caplog.text
     caplog.clear()
     state["q01"][2], state["q99"][2] = -1.0, 1.0
     with caplog.at_level("WARNING", logger="vla.policy"):

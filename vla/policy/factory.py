@@ -1,8 +1,8 @@
 """The one place a policy is built from a dataset: ``build_policy`` (``vla train``: normalisers from the training
 frames' exact quantiles, the tokenizer fitted on the training chunks as the model predicts them, a new model) and
 ``finetune_policy`` (a saved policy trained further on new data, its tokenizer and normalisers kept). LeRobot's
-trainer builds ``VLAPolicy`` from a dataset itself and fits its tokenizer on the same chunks
-(``vla.policy.fitting.predicted_chunks``)."""
+trainer builds ``VLAPolicy`` from a dataset itself, its normalisers and tokenizer from the same functions
+(``vla.policy.fitting``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from pathlib import Path
 
 import action_tokenizers as at
 import numpy as np
-from lerobot.utils.constants import OBS_STATE
 
 from vla.config import TrainConfig, resolve_action_state
 from vla.data import columns, reader
-from vla.data.stats import array_stats, frame_stats
 from vla.model.text import prompt_words
-from vla.policy.fitting import predicted_chunks
+from vla.policy.fitting import data_normalizers, predicted_chunks
 from vla.policy.modeling_vla import VLAPolicy
 from vla.policy.saved_config import check_dataset_fits, check_policy_folder, check_same_policy, load_policy_config
 from vla.tokenizer_choice import NORMALIZER_FILE
@@ -46,14 +44,9 @@ def build_policy(cfg: TrainConfig, info: reader.DatasetInfo, train_episodes: lis
         ),
         info,
     )
-    # Exact quantiles of the training frames: LeRobot's stats.json ones are too narrow (see vla.data.stats.load_stats).
-    stats = frame_stats(info, ["action"] if stateless else ["action", OBS_STATE], episodes=train_episodes)
     chunks = predicted_chunks(info, config, train_episodes)
+    action_norm, state_norm = data_normalizers(info, config, chunks, train_episodes)
     mask = config.relative_mask()
-    if mask is not None:
-        stats["action"] = array_stats(chunks.reshape(-1, chunks.shape[-1]))
-    action_norm = at.Normalizer.from_stats(stats["action"], "quantile")
-    state_norm = None if stateless else at.Normalizer.from_stats(stats[OBS_STATE], "quantile")
     if config.n_obs_steps > 1 and state_norm is not None and config.state_delta_scale is None:
         config.state_delta_scale = delta_scale(columns.state_changes(info, episodes=train_episodes) / state_norm.scale)
     pretrained = Path(cfg.tokenizer.pretrained_path) if cfg.tokenizer.pretrained_path else None

@@ -1,17 +1,20 @@
-"""What a policy's normaliser and tokenizer are fitted on, written once for ``vla train`` (``vla.policy.factory``) and
-for LeRobot's trainer (``VLAPolicy`` given a dataset): the action chunks of the training episodes as the model
-predicts them, relative to the chunk's first state on the dimensions the config makes relative."""
+"""A policy's normalisers and tokenizer from its data, written once for ``vla train`` (``vla.policy.factory``) and
+for LeRobot's trainer (``VLAPolicy`` given LeRobot's ``dataset_meta``): the normalisers from exact quantiles of the
+training frames, the tokenizer fitted on the training episodes' action chunks as the model predicts them (relative to
+the chunk's first state on the dimensions the config makes relative), normalised."""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from typing import Any
 
 import action_tokenizers as at
 import numpy as np
+import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
 from vla.data import columns, reader
+from vla.data.stats import array_stats, frame_stats
 from vla.model.text import prompt_words
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.pipeline import RelativeActions
@@ -31,27 +34,66 @@ def predicted_chunks(info: reader.DatasetInfo, config: VLAConfig, episodes: list
     return chunks
 
 
+def data_normalizers(
+    info: reader.DatasetInfo, config: VLAConfig, chunks: np.ndarray, episodes: list[int] | None
+) -> tuple[at.Normalizer, at.Normalizer | None]:
+    """The action and state normalisers (``config.action_norm_mode``, ``config.state_norm_mode``) from exact
+    statistics of ``episodes``' frames (None: all; LeRobot's ``stats.json`` quantiles are too narrow, see
+    ``vla.data.stats.load_stats``); with relative actions the action's from ``chunks``, what the model predicts
+    (openpi computes its norm stats after DeltaActions too). No state normaliser for a policy without state."""
+    stateless = config.state_dim == 0 or info.state_dim is None
+    stats = frame_stats(info, [ACTION] if stateless else [ACTION, OBS_STATE], episodes=episodes)
+    if config.relative_mask() is not None:
+        stats[ACTION] = array_stats(chunks.reshape(-1, chunks.shape[-1]))
+    action = at.Normalizer.from_stats(stats[ACTION], config.action_norm_mode)
+    return action, None if stateless else at.Normalizer.from_stats(stats[OBS_STATE], config.state_norm_mode)
+
+
+def normalizer_from_stats(stats: dict[str, dict[str, Any]] | None, key: str, mode: str) -> at.Normalizer:
+    """The normaliser of ``key`` from LeRobot's dataset stats (``{key: {"q01": ..., "q99": ..., ...}}``), for a
+    policy given statistics rather than its dataset."""
+    if stats is None or key not in stats:
+        raise ValueError(
+            f"no normaliser for {key!r}: pass {'action' if key == ACTION else 'state'}_normalizer=at.Normalizer(...) "
+            f"or dataset_stats holding {key!r}"
+        )
+    entry = {k: np.asarray(torch.as_tensor(v).cpu(), dtype=np.float64) for k, v in stats[key].items()}
+    if mode == "quantile" and {"q01", "q99", "min", "max"} <= entry.keys():
+        # LeRobot 0.6 averages per-episode quantiles: a dimension that is constant within each episode but not
+        # across them (a goal, an object's start) gets q01 == q99, and the policy cannot see it.
+        collapsed = np.flatnonzero((entry["q99"] - entry["q01"] < 1e-8) & (entry["max"] - entry["min"] > 1e-6))
+        if len(collapsed):
+            logger.warning(
+                "%s: dimensions %s vary (min < max) but their q01 == q99 in these stats, so quantile normalisation "
+                "hides them. LeRobot's stats.json averages per-episode quantiles; normalise with exact ones "
+                "(`vla data stats`, or build the policy with its dataset_meta, as LeRobot's trainer does) or use the "
+                "mean_std mode.",
+                key,
+                collapsed.tolist(),
+            )
+    return at.Normalizer.from_stats(entry, mode)
+
+
 def policy_tokenizer(
-    config: VLAConfig, root: Path | None, action_normalizer: at.Normalizer | None
+    config: VLAConfig, data: tuple[reader.DatasetInfo, np.ndarray] | None, action_normalizer: at.Normalizer | None
 ) -> at.ActionTokenizer:
-    """The tokenizer at ``config.action_tokenizer_path``; else, when LeRobot's trainer passes the dataset (``root``),
-    one of ``config.action_tokenizer_type`` fitted on its episodes' normalised chunks as ``vla train`` fits it (vla's
-    default options), with the prompt's words from the dataset's tasks in the compact vocabulary, as ``vla train``
-    gives them (``config.text_words``, saved in config.json); else, from the config and its features alone, one that
-    learns nothing from data (``bin``)."""
+    """The tokenizer at ``config.action_tokenizer_path``; else, when LeRobot's trainer passes the dataset (``data``:
+    its info and ``predicted_chunks``), one of ``config.action_tokenizer_type`` fitted on the normalised chunks as
+    ``vla train`` fits it (vla's default options), with the prompt's words from the dataset's tasks in the compact
+    vocabulary, as ``vla train`` gives them (``config.text_words``, saved in config.json); else, from the config and
+    its features alone, one that learns nothing from data (``bin``)."""
     if config.action_tokenizer_path is not None:
         return at.load_tokenizer(config.action_tokenizer_path)
-    if root is None or action_normalizer is None:
+    if data is None or action_normalizer is None:
         return unfitted_tokenizer(config)
-    info = reader.dataset_info(root)
+    info, chunks = data
     if not config.text_words and config.backbone_path is None:
         config.text_words = prompt_words(info.tasks)
-    chunks = predicted_chunks(info, config, None)  # every episode: LeRobot's trainer trains on them all
     logger.info(
         "fitting a %s action tokenizer on %d chunks of %s (no action_tokenizer_path given)",
         config.action_tokenizer_type,
         len(chunks),
-        root,
+        info.root,
     )
     tok = parse_choice(config.action_tokenizer_type).fit(action_normalizer.normalize(chunks))
     for line in tok.choices():  # what the fit chose from the data, said (and saved with the tokenizer)

@@ -23,8 +23,8 @@ Saved files (``save_pretrained``, written to a temporary folder and renamed into
     action_tokenizer/        tok.save_pretrained
     action_normalizer.json, state_normalizer.json   (no state normaliser for a policy without state, state_dim 0)
     text_tokenizer/          only for the PaliGemma vocabulary (a copy of the Gemma tokenizer.json)
-    policy_{pre,post}processor.json   LeRobot's processor pipelines (vla.policy.processor_vla: the normalisers as
-                                      LeRobot steps, + their .safetensors), for lerobot-eval
+    policy_{pre,post}processor.json   LeRobot's processor pipelines (vla.policy.processor_vla: batch and device
+                                      only; the policy normalises), for lerobot-eval and lerobot-rollout
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from lerobot.policies.pretrained import PreTrainedPolicy
 from lerobot.utils.constants import ACTION, OBS_STATE
 from safetensors.torch import load_model, save_model
 
+from vla.data import reader
 from vla.execution import COMMITTED, StateHistory, executor
 from vla.io import atomic_directory, read_json, write_json
 from vla.model.decode import Generation, generate
@@ -60,9 +61,9 @@ from vla.policy.commit_search import (
 )
 from vla.policy.configuration_vla import VLAConfig
 from vla.policy.decode_info import DecodeInfo, DecodeStats
-from vla.policy.fitting import policy_tokenizer
-from vla.policy.pipeline import ACTION_IDS, FORCED_IDS, IMAGES, NORMALIZED, SEQUENCE, Pipeline, packed, run
-from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors, normalizer_from_stats
+from vla.policy.fitting import data_normalizers, normalizer_from_stats, policy_tokenizer, predicted_chunks
+from vla.policy.pipeline import ACTION_IDS, FORCED_IDS, IMAGES, SEQUENCE, Pipeline, packed, run
+from vla.policy.processor_vla import check_processor_files, make_vla_pre_post_processors
 from vla.policy.saved_config import CONFIG_FILE, check_dataset_fits, check_same_policy, load_policy_config
 
 logger = logging.getLogger(__name__)
@@ -163,23 +164,30 @@ class VLAPolicy(PreTrainedPolicy):
         self._previous_action: torch.Tensor | None = None  # [B, D] raw, the last action select_action returned
 
     def _set_parts(self, action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta) -> None:
-        """The tokenizer and normalisers as given, else from LeRobot's dataset stats (and the tokenizer fitted on its
-        dataset); the data's fps recorded when LeRobot's trainer gives it. With neither normalisers nor stats (LeRobot's
-        ``policy_cls(config)``) none: the policy then reads only batches its pre-processor normalised."""
+        """The tokenizer and normalisers as given; else, when LeRobot's trainer passes its dataset (``dataset_meta``),
+        both from the dataset as ``vla train`` computes them (``vla.policy.fitting``), and the data's fps recorded;
+        else the normalisers from ``dataset_stats``. With none of these (LeRobot's ``policy_cls(config)``) no
+        normalisers: the policy is built, saved and loaded, and refuses to act (``WITHOUT_STATS``)."""
         config = self.config
-        without_stats = action_normalizer is None and dataset_stats is None
-        if action_normalizer is None and not without_stats:
-            action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
         # No state (an image-only policy): state_dim 0, or LeRobot's features naming no state (a dataset without one).
         features = config.input_features
         if config.state_dim is None and state_normalizer is None and features and OBS_STATE not in features:
             config.state_dim = 0
-        if config.state_dim == 0 or without_stats:
+        root = getattr(dataset_meta, "root", None)
+        data = None
+        if root is not None and (action_normalizer is None or action_tokenizer is None):
+            info = reader.dataset_info(root)
+            data = info, predicted_chunks(info, config, None)  # every episode: LeRobot's trainer trains on them all
+        if action_normalizer is None and data is not None:
+            action_normalizer, state_normalizer = data_normalizers(info, config, data[1], None)
+        elif action_normalizer is None and dataset_stats is not None:
+            action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
+            if config.state_dim != 0 and state_normalizer is None:
+                state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
+        if config.state_dim == 0 or action_normalizer is None:
             state_normalizer = None
-        elif state_normalizer is None:
-            state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
         if action_tokenizer is None:
-            action_tokenizer = policy_tokenizer(config, getattr(dataset_meta, "root", None), action_normalizer)
+            action_tokenizer = policy_tokenizer(config, data, action_normalizer)
         if config.fps is None and getattr(dataset_meta, "fps", None):  # LeRobot's trainer: the data's rate, recorded
             config.fps = float(dataset_meta.fps)
         self.action_tokenizer = action_tokenizer
@@ -315,18 +323,16 @@ class VLAPolicy(PreTrainedPolicy):
     def predict_action_chunk(
         self, batch: dict[str, Any], generator: torch.Generator | None = None, **_: Any
     ) -> torch.Tensor:
-        """Action chunks ``[B, T, D]`` in raw units for a batch of observations (``generator``: for sampling);
-        normalised when LeRobot's pre-processor normalised the batch (``NORMALIZED``: its post-processor
-        unnormalises). With committed actions (``COMMITTED``) the chunks begin with them (``commit_scheme``)."""
+        """Action chunks ``[B, T, D]`` in raw units for a batch of raw observations (``generator``: for sampling).
+        With committed actions (``COMMITTED``) the chunks begin with them (``commit_scheme``)."""
         start = time.perf_counter()
-        normalized = bool(batch.get(NORMALIZED))
         prompt = run(self.pipeline.prompt, batch)
-        gen, out = self._decoded(prompt, batch, normalized, self.config.temperature, generator)
+        gen, out = self._decoded(prompt, batch, self.config.temperature, generator)
         searched = self.commit_scheme in ("search", None)  # None: _search refuses, saying why
         if COMMITTED in batch and searched and any(len(c) for c in batch[COMMITTED]):
             gen, out = self._search(batch, gen, out, generator)
         chunks = torch.as_tensor(np.where(np.isfinite(out[ACTION]), out[ACTION], 0.0), dtype=torch.float32)
-        self._fall_back(chunks, out["valid"], out["errors"], normalized)
+        self._fall_back(chunks, out["valid"], out["errors"])
         self.decode_stats.chunks += len(chunks)
         self.decode_stats.tokens += int(gen.tokens_per_chunk[out["valid"]].sum())
         self.last_decode_info = DecodeInfo(
@@ -344,7 +350,6 @@ class VLAPolicy(PreTrainedPolicy):
         self,
         prompt: dict[str, Any],
         batch: dict[str, Any],
-        normalized: bool,
         temperature: float,
         generator,
         num_beams: int | None = None,
@@ -368,7 +373,7 @@ class VLAPolicy(PreTrainedPolicy):
         raw_state = {OBS_STATE: batch[OBS_STATE]} if OBS_STATE in batch else {}  # for relative actions
         out = run(
             self.pipeline.outputs,
-            {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors, **raw_state, NORMALIZED: normalized},
+            {ACTION_IDS: gen.ids, "valid": gen.valid, "errors": gen.errors, **raw_state},
         )
         with np.errstate(over="ignore", invalid="ignore"):
             raw = np.asarray(out[ACTION], dtype=np.float32)  # [B, T, D] raw; beyond float32's range: inf
@@ -391,7 +396,7 @@ class VLAPolicy(PreTrainedPolicy):
         if self.config.commit_search > 1:
             many = tiled(batch, self.config.commit_search - 1)
             seeded = generator or torch.Generator(device=self.model.device).manual_seed(0)
-            g, o = self._decoded(run(self.pipeline.prompt, many), many, False, SEARCH_TEMPERATURE, seeded, num_beams=1)
+            g, o = self._decoded(run(self.pipeline.prompt, many), many, SEARCH_TEMPERATURE, seeded, num_beams=1)
             steps += g.steps
             for at_ in range(0, len(g.ids), rows):
                 part = slice(at_, at_ + rows)
@@ -410,14 +415,13 @@ class VLAPolicy(PreTrainedPolicy):
         }
         return dataclasses.replace(gen, ids=[candidates[k][0][r] for r, k in index], steps=steps), chosen
 
-    def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None], normalized: bool) -> None:
+    def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None]) -> None:
         """Replace invalid chunks in place: previous action repeated, else the normalised zero action. Counted."""
         bad = np.flatnonzero(~valid)
         if not len(bad):
             return
         zero = np.zeros(self.config.action_dim)  # the middle of the data's range, normalised
-        zero = zero if normalized else self.action_normalizer.unnormalize(zero)
-        zero = torch.as_tensor(zero, dtype=torch.float32)
+        zero = torch.as_tensor(self.action_normalizer.unnormalize(zero), dtype=torch.float32)
         previous = self._previous_action
         for i in bad:
             if previous is not None and len(previous) == len(chunks):
@@ -485,9 +489,7 @@ class VLAPolicy(PreTrainedPolicy):
                 self.state_normalizer.save(tmp / STATE_NORMALIZER_FILE)
             if isinstance(self.vocab.text, LocalTextTokenizer):
                 self.vocab.text.save(tmp / TEXT_TOKENIZER_DIR)
-            normalizers = {OBS_STATE: self.state_normalizer, ACTION: self.action_normalizer}
-            normalizers = {k: n for k, n in normalizers.items() if n is not None}
-            for pipeline in make_vla_pre_post_processors(self.config, normalizers=normalizers):  # for lerobot-eval
+            for pipeline in make_vla_pre_post_processors(self.config):  # for lerobot-eval and lerobot-rollout
                 pipeline.save_pretrained(tmp)
 
     def _save_pretrained(self, save_directory: Path, state_dict: dict | None = None) -> None:

@@ -18,8 +18,6 @@ Each step is a small frozen dataclass over a *batch* (a dict, the contract below
     "forced_ids"                   list[list[int]]        the ids each chunk must begin with (CommitActions)
     "committed_input"              float [B, n * D + n]   committed actions shown to the prefix beside the state
                                                           (ShowCommitted; ``VLAConfig.commit_condition`` = n)
-    "vla.normalized"               bool                   set by LeRobot's processor step (vla.policy.processor_vla):
-                                                          state and action arrive normalised, and leave normalised
 
 With relative actions (``VLAConfig.relative_actions``, openpi's ``DeltaActions``) ``RelativeActions`` runs before
 ``Normalize`` in training, and ``AbsoluteActions`` after ``Unnormalize`` on the way out, adding the raw
@@ -53,12 +51,12 @@ from vla.policy.images import IMAGES, ShiftImages, StackImages
 Batch = dict[str, Any]
 ACTION_IDS, SEQUENCE, FORCED_IDS = "action_ids", "sequence", "forced_ids"
 COMMITTED_INPUT = "committed_input"  # float [B, n * D + n]: committed actions as the prefix reads them (ShowCommitted)
-NORMALIZED = "vla.normalized"  # LeRobot's pre-processor normalised the batch (its post-processor unnormalises)
 # What a policy built without statistics (from its config and features alone) says of a batch it cannot normalise
 WITHOUT_STATS = (
-    "this policy holds no normalisers (it was built from its config and features alone), so it reads only batches "
-    "its LeRobot pre-processor normalised: run it through make_pre_post_processors(config, dataset_stats=...), or "
-    "build it with action_normalizer= and state_normalizer= (vla train does, from the training frames)"
+    "this policy holds no normalisers (it was built from its config and features alone), so it cannot read raw "
+    "observations or return raw actions: build it with its dataset (LeRobot's make_policy passes dataset_meta, and "
+    "the normalisers come from its frames as vla train computes them), with dataset_stats=..., or with "
+    "action_normalizer= and state_normalizer="
 )
 
 
@@ -84,15 +82,12 @@ class RelativeActions:
 
 @dataclass(frozen=True)
 class Normalize:
-    """Raw state and actions -> normalised (q01..q99 -> [-1, 1] by default), each when present (and not already:
-    ``NORMALIZED``)."""
+    """Raw state and actions -> normalised (q01..q99 -> [-1, 1] by default), each when present."""
 
     state: at.Normalizer | None
-    action: at.Normalizer | None  # None: a policy without statistics, which reads normalised batches only
+    action: at.Normalizer | None  # None: a policy built without statistics, which refuses (WITHOUT_STATS)
 
     def __call__(self, batch: Batch) -> Batch:
-        if batch.get(NORMALIZED):
-            return batch
         if self.action is None:
             raise ValueError(WITHOUT_STATS)
         out = dict(batch)
@@ -191,8 +186,6 @@ def committed_rows(
     (d may be 0). What ``CommitActions`` forces and ``ShowCommitted`` shows."""
     if action is None:
         raise ValueError(WITHOUT_STATS)
-    if batch.get(NORMALIZED):
-        raise ValueError("committed actions are raw actions; run the policy through its own pipeline, not LeRobot's")
     b = len(batch["task"])
     if len(batch[COMMITTED]) != b:
         raise ValueError(f"committed actions for {len(batch[COMMITTED])} rows in a batch of {b}: send one per row")
@@ -309,14 +302,11 @@ class DetokenizeActions:
 
 @dataclass(frozen=True)
 class Unnormalize:
-    """Normalised chunks -> raw units (NaN rows stay NaN); left normalised for LeRobot's post-processor
-    (``NORMALIZED``)."""
+    """Normalised chunks -> raw units (NaN rows stay NaN)."""
 
     action: at.Normalizer | None
 
     def __call__(self, batch: Batch) -> Batch:
-        if batch.get(NORMALIZED):
-            return batch
         if self.action is None:
             raise ValueError(WITHOUT_STATS)
         return {**batch, ACTION: self.action.unnormalize(batch[ACTION])}
@@ -336,12 +326,6 @@ class AbsoluteActions:
 
 def _state_offset(batch: Batch, mask: tuple[bool, ...], action_state_dims: tuple[int, ...]) -> np.ndarray:
     """float [B, 1, D]: the raw state's value of each masked action dimension, 0 elsewhere."""
-    if batch.get(NORMALIZED):  # state and actions in normalised units: a difference of them means nothing
-        raise ValueError(
-            "relative actions work in raw units, but LeRobot's processor normalised this batch; train "
-            "and run policies with relative actions through `vla train` and the policy's own pipeline, "
-            "or set relative_actions='none'"
-        )
     if OBS_STATE not in batch:
         raise ValueError(
             f"relative actions need the raw batch['{OBS_STATE}'] to add the state back; pass the "
