@@ -41,6 +41,27 @@ def test_evaluation_runs_short_episodes(tiny_policy, tmp_path):
     assert min(saved["seeds"]) >= evaluate.EVAL_SEED_START
 
 
+def test_the_state_clipped_to_the_training_range_is_counted_per_chunk(tiny_policy):
+    """A state inside the training range is not clipped; one far outside it is, and the runner counts the clipped
+    values of its own calls only (not the latency re-runs), which the report gives per chunk."""
+    from vla.policy import VLAPolicy
+    from vla.sim import make_env
+
+    policy = VLAPolicy.from_pretrained(tiny_policy)
+    with make_env("metaworld/push-v3") as env:
+        obs = env.reset(evaluate.EVAL_SEED_START)
+    runner = evaluate.ChunkPolicy(policy)
+    runner([obs, obs])
+    inside = runner.state_clipped
+    far = {**obs, "observation.state": obs["observation.state"] + 100.0 * policy.state_normalizer.scale}
+    runner([far])
+    assert runner.state_clipped - inside == policy.config.state_dim  # every dimension past q99
+    runner.single_latencies()
+    assert runner.state_clipped - inside == policy.config.state_dim
+    report = evaluate._decoding(runner, 4, None, 1, 1)
+    assert report["state_clipped_per_chunk"] == runner.state_clipped / 3
+
+
 def test_evaluation_does_not_depend_on_how_many_envs_run_at_once(tiny_policy):
     one = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=3, max_steps=8, num_envs=1, progress=False)
     three = evaluate.evaluate(tiny_policy, "metaworld/push-v3", episodes=3, max_steps=8, num_envs=3, progress=False)

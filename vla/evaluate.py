@@ -40,8 +40,9 @@ LATENCY_SAMPLES = 20  # observations re-run one at a time after the rollouts, fo
 class ChunkPolicy:
     """A ``VLAPolicy`` as the rollout helpers' batch callable ``[obs, ...] -> actions [B, T, D]``.
 
-    Records the wall time of every call, the ids generated and whether each chunk decoded validly, and keeps the
-    first ``LATENCY_SAMPLES`` observations so that ``single_latencies`` can time them one at a time: a robot asks
+    Records the wall time of every call, the ids generated, whether each chunk decoded validly and how many of the
+    normalised state values the prompt clipped to [-1, 1] (the observation outside the training range: the
+    layout's ``state_clipped``), and keeps the first ``LATENCY_SAMPLES`` observations so that ``single_latencies`` can time them one at a time: a robot asks
     for one chunk at a time, and that latency is what ``evaluate`` reports, whatever batch the rollouts used.
     """
 
@@ -50,6 +51,7 @@ class ChunkPolicy:
         self.batch_latencies_ms: list[float] = []
         self.valid: list[bool] = []
         self.tokens: list[int] = []
+        self.state_clipped = 0
         self.samples: list[dict[str, Any]] = []
 
     @staticmethod
@@ -68,9 +70,12 @@ class ChunkPolicy:
 
     def __call__(self, observations: list[dict[str, Any]]) -> np.ndarray:
         self.samples.extend(observations[: LATENCY_SAMPLES - len(self.samples)])
+        layout = getattr(getattr(self.policy, "layout", None), "stats", None)  # None: a policy without a prompt
+        clipped = layout.state_clipped if layout is not None else 0
         start = time.perf_counter()
         chunks = self.predict(observations)
         self.batch_latencies_ms.append((time.perf_counter() - start) * 1000)
+        self.state_clipped += (layout.state_clipped - clipped) if layout is not None else 0
         info = self.policy.last_decode_info
         self.valid.extend(np.asarray(info["valid"]).tolist())
         self.tokens.extend(np.asarray(info["tokens_per_chunk"]).tolist())
@@ -427,6 +432,7 @@ def _decoding(runner: ChunkPolicy, n_action_steps: int, ensemble: float | None, 
         batch_latency_ms_mean=float(batch_lat.mean()),  # one call over up to num_envs observations
         valid_chunk_rate=float(np.mean(runner.valid)) if runner.valid else 1.0,
         tokens_per_chunk=float(np.mean(runner.tokens)) if runner.tokens else 0.0,
+        state_clipped_per_chunk=runner.state_clipped / len(runner.valid) if runner.valid else 0.0,
     )
 
 
@@ -633,6 +639,11 @@ def _run(args: argparse.Namespace) -> int:
         f"return {report['mean_return']:.1f}, latency {report['latency_ms_mean']:.0f} ms/chunk "
         f"(p95 {report['latency_ms_p95']:.0f}), valid chunks {report['valid_chunk_rate']:.1%}; wrote {out}"
     )
+    if report["state_clipped_per_chunk"]:
+        print(
+            f"the state left the training range: {report['state_clipped_per_chunk']:.2f} normalised state values a "
+            "chunk were clipped to [-1, 1] (the data's q01..q99); check the observation matches the training data's"
+        )
     if "delay_steps" in report:
         print(
             f"delay: {report['delay_ms']:.0f} ms round trip + {report['decode_ms']:.1f} ms decode = "
