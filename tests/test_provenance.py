@@ -3,6 +3,7 @@
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,8 @@ def test_the_command_names_no_machine_folder(tmp_path):
         arg.partition("=")[2 if arg.startswith("--") else 0].startswith("/")
         for arg in provenance(command=argv)["command"]
     )
+    console = [str(Path(sys.prefix, "bin", "vla")), "train", f"--dataset_root={here / 'data'}"]
+    assert portable_command(console, tmp_path / "elsewhere") == ["vla", "train", "--dataset_root=../vla/data"]
 
 
 def test_dirty_means_code_changed_not_results_or_pages(tmp_path):

@@ -124,10 +124,15 @@ def dataset_fingerprint(root: str | Path) -> dict[str, Any]:
 
 def portable_command(argv: list[str], cwd: str | Path | None = None) -> list[str]:
     """The command line with every absolute path written relative to the working folder (``/home/me/vla/vla/cli.py``
-    -> ``vla/cli.py``, a sibling checkout -> ``../old``): what produced a file, without one machine's folders."""
+    -> ``vla/cli.py``, a sibling checkout -> ``../old``): what produced a file, without one machine's folders. A
+    program of the running environment (``.venv/bin/vla``, wherever the environment lives) is written by its name."""
     base = Path(cwd) if cwd is not None else Path.cwd()
+    argv = list(map(str, argv))
+    scripts = Path(sys.prefix, "bin").resolve()
+    if argv and os.path.isabs(argv[0]) and Path(argv[0]).parent.resolve() == scripts:
+        argv[0] = Path(argv[0]).name
     out = []
-    for arg in map(str, argv):
+    for arg in argv:
         key, eq, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
         if os.path.isabs(value):
             value = os.path.relpath(value, base)
