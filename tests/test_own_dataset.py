@@ -181,6 +181,7 @@ def test_defaults_are_chosen_from_the_data_and_say_why(arm_50hz):
     assert cfg.policy.relative_actions == [True, True, False] and "2 (gripper)" in why["policy.relative_actions"]
     assert cfg.policy.n_obs_steps == defaults.STATE_HISTORY and cfg.policy.image_keys == []
     assert cfg.heldout_episodes == defaults.HELDOUT_SHARE and cfg.policy.scheduler_decay_steps == cfg.steps
+    assert cfg.policy.decoding == "autoregressive" and "depend on each other" in why["policy.decoding"]  # FAST
     assert cfg.policy.unresolved() == [] and set(cfg.chosen) == {c.name for c in choices}
     warned = defaults.warnings(info, cfg.policy)
     assert any("state dims 0 (speed) never change" in w for w in warned)
@@ -209,6 +210,11 @@ def test_an_explicit_value_always_wins(arm_50hz):
         "policy.relative_actions",
         "policy.action_state_dims",
     }
+    binned = [f"--dataset_root={arm_50hz}", "--tokenizer.type=bin"]
+    cfg, choices = defaults.choose(load_config(args=binned), info)
+    assert cfg.policy.decoding == "parallel" and "push_pixels_bin" in cfg.chosen["policy.decoding"]
+    cfg, choices = defaults.choose(load_config(args=[*binned, "--policy.decoding=autoregressive"]), info)
+    assert cfg.policy.decoding == "autoregressive" and "policy.decoding" not in cfg.chosen
     seconds = defaults.choose(load_config(args=[f"--dataset_root={arm_50hz}", "--policy.chunk_seconds=0.3"]), info)[0]
     assert seconds.policy.time_horizon == 15  # 0.3 s at 50 fps
 

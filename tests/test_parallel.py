@@ -65,6 +65,17 @@ def test_parallel_with_a_variable_length_tokenizer_is_a_clear_error(name):
         make_policy(name, decoding="parallel")
 
 
+@pytest.mark.parametrize(
+    ("name", "chosen"), [("bin", "parallel"), ("fsq", "autoregressive"), ("fast", "autoregressive")]
+)
+def test_auto_decoding_is_chosen_by_the_tokenizer(name, chosen):
+    """``decoding="auto"`` (what `vla train` starts from without a config file, and LeRobot's path may give): one pass
+    for binning, whose ids each spell one value, one id at a time for the others; the policy built accordingly."""
+    policy = make_policy(name, decoding="auto")
+    assert policy.config.decoding == chosen
+    assert (policy.model.slot_embedding is not None) == (chosen == "parallel")
+
+
 def test_an_unknown_decoding_is_refused():
     with pytest.raises(ValueError, match="VLAConfig.decoding = 'beam' is invalid: use one of autoregressive, parallel"):
         VLAConfig(decoding="beam", device="cpu")

@@ -5,7 +5,7 @@ data info`` prints the same choices (this module's ``choose``, not a copy) and w
     cfg, choices = vla.data.defaults.choose(cfg, info)      # the same, quietly: [Choice(name, value, why, given)]
     facts = Facts.read(info)                           # what the choices rest on: state matching, grippers, constants
 
-"Unset" is None (``"auto"`` for ``vision_encoder`` and ``relative_actions``). ``vla train`` without ``--config_path``
+"Unset" is None (``"auto"`` for ``vision_encoder``, ``relative_actions`` and ``decoding``). ``vla train`` without ``--config_path``
 starts from ``FROM_DATA`` (all of them unset), so only what the user gives is fixed and anything given wins; a config
 file starts from the fixed defaults (``VLAConfig``'s: T=10, one state, absolute actions, no held-out split), so every
 configs/*.yaml runs as it was measured, and writes ``null`` / ``auto`` for what it wants chosen here.
@@ -22,6 +22,7 @@ The choices, and why (the measured configs they come from):
   policy.action_state_dims     ``match_state``: by name, else by values, else one to one when the dims agree
   policy.relative_actions      the action dims whose matched state dim tracks them (``TRACKS``), grippers absolute
   policy.scheduler_decay_steps the run's steps: the cosine decay ends at the last step
+  policy.decoding              one pass (``parallel``) for binning, one id at a time for the others (``chosen_decoding``)
   heldout_episodes             ``HELDOUT_SHARE`` (at least one episode) when there are two or more: the offline report
 """
 
@@ -36,7 +37,7 @@ import numpy as np
 from lerobot.utils.constants import ACTION, OBS_STATE
 
 from vla.data import reader
-from vla.policy.configuration_vla import AUTO
+from vla.policy.configuration_vla import AUTO, chosen_decoding
 
 # The chunk's default length: the configs that work span 0.125 s (push-v3, 80 Hz, T=10) to 1 s (ALOHA, 50 Hz, T=50),
 # piper_grape's best 0.33 s (15 Hz, T=5); 0.5 s beat both baselines on piper_grape, piper_fruit and so101_orange_cube
@@ -61,6 +62,7 @@ FROM_DATA: dict[str, Any] = {
         "n_obs_steps": None,
         "relative_actions": AUTO,
         "scheduler_decay_steps": None,
+        "decoding": AUTO,
     },
 }
 
@@ -275,6 +277,7 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         f"the run's steps ({cfg.steps}): the cosine decay ends at the last step",
     )
     heldout = pick("heldout_episodes", cfg.heldout_episodes, cfg.heldout_episodes is None, *_heldout(info))
+    decoding = pick("policy.decoding", p.decoding, p.decoding == AUTO, *chosen_decoding(cfg.tokenizer.type))
 
     policy = dataclasses.replace(
         p,
@@ -285,6 +288,7 @@ def choose(cfg, info: reader.DatasetInfo, facts: Facts | None = None):
         n_action_steps=n_action,
         n_obs_steps=history,
         scheduler_decay_steps=decay,
+        decoding=decoding,
     )
     facts = facts if facts is not None or info.state_dim is None or p.state_dim == 0 else Facts.read(info)
     policy, more = action_state(policy, info, facts)

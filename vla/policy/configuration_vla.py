@@ -27,6 +27,23 @@ from vla.tokenizer_choice import parse_choice
 
 DTYPES = ("float32", "bfloat16")
 AUTO = "auto"  # a setting chosen from the dataset when `vla train` starts (vla.data.defaults)
+# What decoding="auto" chooses, per tokenizer: one pass for binning, whose ids each spell one value of one step and
+# dimension (push-v3 from a 64 px camera: results/push_pixels_bin; from the state: results/parallel, 100% against 34%),
+# one id at a time for the others (FSQ's and BEAST's ids each carry a latent or a control point: one pass did a little
+# worse, results/parallel; FAST's chunks vary in length).
+ONE_PASS_TOKENIZERS = ("bin",)
+
+
+def chosen_decoding(tokenizer: str) -> tuple[str, str]:
+    """The decoding ``decoding="auto"`` chooses for the tokenizer named ``tokenizer``, and why."""
+    if tokenizer in ONE_PASS_TOKENIZERS:
+        return "parallel", (
+            f"{tokenizer}'s ids each spell one value, predicted in one pass (push-v3 from a 64 px camera and from the "
+            "state: results/push_pixels_bin, results/parallel)"
+        )
+    return "autoregressive", f"one id at a time: {tokenizer}'s ids depend on each other (results/parallel)"
+
+
 RELATIVE_CHOICES = ("none", "auto")  # or a mask per action dimension
 # Most action ids decoded per chunk: decoding reserves its cache for this many, so a larger value from a file would
 # ask the allocator for gigabytes. The longest constrained chunk (binning, 50 steps x 14 dims) needs 700.
@@ -148,7 +165,8 @@ class VLAConfig(PreTrainedConfig):
     constrained: bool = True  # mask logits with the tokenizer's constraint (False only for ablations)
     use_kv_cache: bool = True  # prefill once and decode from the KV cache (False recomputes every step)
     # "autoregressive": one action id per forward pass (pi0-FAST); "parallel": one learned query slot per id of a
-    # fixed-length chunk (bin, fsq, beast; not FAST), every slot predicted in one forward pass (results/parallel/)
+    # fixed-length chunk (bin, fsq, beast; not FAST), every slot predicted in one forward pass (results/parallel/);
+    # "auto": chosen by the tokenizer when the policy is built (chosen_decoding; `vla train` without a config file)
     decoding: str = "autoregressive"
 
     # --- tokenizer and normalisation when LeRobot's factory builds the policy ------------------------------
@@ -323,7 +341,12 @@ class VLAConfig(PreTrainedConfig):
             f"use one of {', '.join(STATE_ENCODINGS)}",
         )
         _check(self.attention in ATTENTIONS, "attention", self.attention, f"use one of {', '.join(ATTENTIONS)}")
-        _check(self.decoding in DECODINGS, "decoding", self.decoding, f"use one of {', '.join(DECODINGS)}")
+        _check(
+            self.decoding in (*DECODINGS, AUTO),
+            "decoding",
+            self.decoding,
+            f"use one of {', '.join(DECODINGS)} or {AUTO!r} (chosen by the tokenizer: one pass for binning)",
+        )
 
     def _check_actions(self) -> None:
         """Relative actions and the action dimensions they are relative to."""

@@ -59,7 +59,7 @@ from vla.policy.commit_search import (
     nearest_to_committed,
     tiled,
 )
-from vla.policy.configuration_vla import VLAConfig
+from vla.policy.configuration_vla import AUTO, VLAConfig, chosen_decoding
 from vla.policy.decode_info import DecodeInfo, DecodeStats
 from vla.policy.fitting import data_normalizers, normalizer_from_stats, policy_tokenizer, predicted_chunks
 from vla.policy.pipeline import ACTION_IDS, FORCED_IDS, IMAGES, SEQUENCE, Pipeline, packed, run
@@ -98,6 +98,8 @@ class VLAPolicy(PreTrainedPolicy):
     ):
         super().__init__(config)
         self._set_parts(action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta)
+        if config.decoding == AUTO:  # chosen by the tokenizer (vla train chose and said it already)
+            config.decoding = chosen_decoding(self.action_tokenizer.name)[0]
         self._resolve_dims()
         scale = config.state_delta_scale
         if scale is not None and len(scale) != config.state_dim:
