@@ -68,8 +68,14 @@ class RetiredNormalizationStep(ProcessorStep):
         return features
 
 
-for _name in RETIRED_STEPS:
-    ProcessorStepRegistry.register(name=_name)(type(f"Retired_{_name}", (RetiredNormalizationStep,), {}))
+@ProcessorStepRegistry.register(name=RETIRED_STEPS[0])
+class RetiredNormalizerStep(RetiredNormalizationStep):
+    """``vla_normalizer_processor`` in a saved pre-processor."""
+
+
+@ProcessorStepRegistry.register(name=RETIRED_STEPS[1])
+class RetiredUnnormalizerStep(RetiredNormalizationStep):
+    """``vla_unnormalizer_processor`` in a saved post-processor."""
 
 
 def check_processor_files(folder: str | Path) -> None:
