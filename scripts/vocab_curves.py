@@ -43,6 +43,7 @@ PUBLISHED = "the published rule's 1,024 (vocab_size unset, before auto)"
 CELLS = (
     Cell(PIXELS, "push_pixels", "fast", "steps4k", 1024, 200, PUBLISHED),
     Cell(PIXELS, "push_pixels_fast_steps", "fast_vocab128", "steps4k", 128, 200),
+    Cell(PIXELS, "push_pixels_vocab256", "v256", "steps4k", 256, 200),
     Cell(PIXELS, "push_pixels_vocab50", "fast", "steps4k", 1024, 50),
     Cell(PIXELS, "push_pixels_vocab50", "v256", "steps4k", 256, 50),
     Cell(PIXELS, "push_pixels_vocab50", "v128", "steps4k", 128, 50),
