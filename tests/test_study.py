@@ -125,6 +125,7 @@ workers: 2
     assert summary["comparisons"][0]["p_value"] is None  # one seed a cell: a number, not a verdict
     assert "too few seeds" in (results / "README.md").read_text()
     assert (results / "README.md").read_text().count("| default |") == 3
+    assert "2 runs side by side" in (results / "README.md").read_text()
     assert_plot(results / "success.png")
     evaluation = json.loads((work / "default-bin-s0" / "eval" / "eval_info.json").read_text())
     assert evaluation["provenance"]["config"]["train"]["seed"] == 0  # vla eval's own file says what produced it
@@ -211,6 +212,7 @@ workers: 1
     assert summary["cells"][0]["episodes"] == 4
     page = (tmp_path / "results" / "README.md").read_text()
     assert "| setting | tokenizer | push-v3 | reach-v3 |" in page
+    assert "one run at a time, 1 torch thread(s) each" in page  # workers: 1
 
 
 def test_the_eval_command_is_read_back_as_the_evaluation_it_was_written_from():

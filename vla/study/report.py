@@ -74,7 +74,7 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
         f"{len(runs)} of {total} runs finished. Each run: `vla train --config_path {study.config}` "
         f"{' '.join(study.train)} with its setting's and tokenizer's arguments and `--seed`, then "
         f"{study.eval['episodes']} evaluation episodes of {study.eval['env']}/{study.eval['task']}; "
-        f"{study.workers} runs side by side, {study.threads} torch thread(s) each. Mean and std are over training "
+        f"{side_by_side(study.workers)}, {study.threads} torch thread(s) each. Mean and std are over training "
         "seeds; the Wilson 95% interval is over all the cell's episodes (the evaluation's noise only).",
         "",
         "| setting | tokenizer | seeds | mean | std | min | per seed | Wilson 95% (episodes) |",
@@ -238,3 +238,8 @@ def _check_same_runs(study: Study, summary: dict[str, Any], results: Path) -> No
                 "other settings than its runs had: run vla study run with --rerun-changed, or leave out "
                 "--study"
             )
+
+
+def side_by_side(workers: int) -> str:
+    """How the runs shared the machine, in words."""
+    return "one run at a time" if workers == 1 else f"{workers} runs side by side"
