@@ -1,7 +1,8 @@
 """LeRobot's own commands and pipelines run the policy: the stock ``lerobot-train --policy.type=vla`` (through the
 plugin distribution ``lerobot_policy_vla`` that ``make setup`` installs) with no tokenizer given, ``vla eval`` on
-its checkpoint, LeRobot's processors and the policy acting exactly as vla's own path, Meta-World's ``observation="lerobot"``
-matching LeRobot's own env, and the stock ``lerobot-eval`` scoring a policy trained on such a recording."""
+its checkpoint, LeRobot's processors and the policy acting exactly as vla's own path, Meta-World's
+``observation="lerobot"`` matching LeRobot's own env, and the stock ``lerobot-eval`` scoring a policy trained on
+such a recording."""
 
 from __future__ import annotations
 

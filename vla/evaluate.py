@@ -42,8 +42,9 @@ class ChunkPolicy:
 
     Records the wall time of every call, the ids generated, whether each chunk decoded validly and how many of the
     normalised state values the prompt clipped to [-1, 1] (the observation outside the training range: the
-    layout's ``state_clipped``), and keeps the first ``LATENCY_SAMPLES`` observations so that ``single_latencies`` can time them one at a time: a robot asks
-    for one chunk at a time, and that latency is what ``evaluate`` reports, whatever batch the rollouts used.
+    layout's ``state_clipped``), and keeps the first ``LATENCY_SAMPLES`` observations so that ``single_latencies``
+    can time them one at a time: a robot asks for one chunk at a time, and that latency is what ``evaluate``
+    reports, whatever batch the rollouts used.
     """
 
     def __init__(self, policy: VLAPolicy):

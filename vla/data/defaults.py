@@ -5,10 +5,11 @@ data info`` prints the same choices (this module's ``choose``, not a copy) and w
     cfg, choices = vla.data.defaults.choose(cfg, info)      # the same, quietly: [Choice(name, value, why, given)]
     facts = Facts.read(info)                           # what the choices rest on: state matching, grippers, constants
 
-"Unset" is None (``"auto"`` for ``vision_encoder``, ``relative_actions`` and ``decoding``). ``vla train`` without ``--config_path``
-starts from ``FROM_DATA`` (all of them unset), so only what the user gives is fixed and anything given wins; a config
-file starts from the fixed defaults (``VLAConfig``'s: T=10, one state, absolute actions, no held-out split), so every
-configs/*.yaml runs as it was measured, and writes ``null`` / ``auto`` for what it wants chosen here.
+"Unset" is None (``"auto"`` for ``vision_encoder``, ``relative_actions`` and ``decoding``). ``vla train`` without
+``--config_path`` starts from ``FROM_DATA`` (all of them unset), so only what the user gives is fixed and anything
+given wins; a config file starts from the fixed defaults (``VLAConfig``'s: T=10, one state, absolute actions, no
+held-out split), so every configs/*.yaml runs as it was measured, and writes ``null`` / ``auto`` for what it wants
+chosen here.
 
 The choices, and why (the measured configs they come from):
   policy.image_keys            every camera of the dataset
@@ -22,7 +23,7 @@ The choices, and why (the measured configs they come from):
   policy.action_state_dims     ``match_state``: by name, else by values, else one to one when the dims agree
   policy.relative_actions      the action dims whose matched state dim tracks them (``TRACKS``), grippers absolute
   policy.scheduler_decay_steps the run's steps: the cosine decay ends at the last step
-  policy.decoding              one pass (``parallel``) for binning, one id at a time for the others (``chosen_decoding``)
+  policy.decoding              one pass for binning, one id at a time for the others (``chosen_decoding``)
   heldout_episodes             ``HELDOUT_SHARE`` (at least one episode) when there are two or more: the offline report
 """
 
