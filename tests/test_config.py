@@ -65,6 +65,17 @@ def test_a_tokenizer_option_alone_sets_the_default_tokenizers_option(tmp_path):
         load_config(None, [f"--dataset_root={tmp_path}", "--tokenizer.n_bins=64"])
 
 
+def test_a_saved_tokenizer_alone_names_its_type(tmp_path):
+    """``--tokenizer.pretrained_path`` without a type loads what is saved there (binning here), not the default."""
+    saved = tmp_path / "tok"
+    at.BinningTokenizer.unfitted(4, 2).save_pretrained(saved)
+    assert at.saved_type(saved) == "bin"
+    cfg = load_config(None, [f"--dataset_root={tmp_path}", f"--tokenizer.pretrained_path={saved}"])
+    assert cfg.tokenizer.type == "bin" and cfg.tokenizer.load().name == "bin"
+    with pytest.raises(ValueError, match="no tokenizer directory"):
+        load_config(None, [f"--dataset_root={tmp_path}", f"--tokenizer.pretrained_path={tmp_path / 'none'}"])
+
+
 def test_tokenizer_choices_are_the_librarys_registry():
     """One registry: every registered tokenizer is a config choice with the fields and defaults of its Options."""
     import dataclasses

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import assert_plot
 from vla import evaluate, train
 from vla.config import TrainConfig
+from vla.execution import COMMITTED
 from vla.policy import VLAConfig
 from vla.tokenizer_choice import tokenizer_config
 
@@ -43,7 +44,8 @@ def test_evaluation_runs_short_episodes(tiny_policy, tmp_path):
 
 def test_the_state_clipped_to_the_training_range_is_counted_per_chunk(tiny_policy):
     """A state inside the training range is not clipped; one far outside it is, and the runner counts the clipped
-    values of its own calls only (not the latency re-runs), which the report gives per chunk."""
+    values of its own calls only (not the latency re-runs, nor the chunks a commit search decodes), which the report
+    gives per chunk."""
     from vla.policy import VLAPolicy
     from vla.sim import make_env
 
@@ -58,8 +60,13 @@ def test_the_state_clipped_to_the_training_range_is_counted_per_chunk(tiny_polic
     assert runner.state_clipped - inside == policy.config.state_dim  # every dimension past q99
     runner.single_latencies()
     assert runner.state_clipped - inside == policy.config.state_dim
+    # committed actions make decoding search several chunks for the one observation: still counted once
+    assert policy.config.commit_search > 1
+    committed = {**far, COMMITTED: policy.action_normalizer.unnormalize(np.zeros((2, policy.config.action_dim)))}
+    runner([committed])
+    assert runner.state_clipped - inside == 2 * policy.config.state_dim
     report = evaluate._decoding(runner, 4, None, 1, 1)
-    assert report["state_clipped_per_chunk"] == runner.state_clipped / 3
+    assert report["state_clipped_per_chunk"] == runner.state_clipped / 4
 
 
 def test_evaluation_does_not_depend_on_how_many_envs_run_at_once(tiny_policy):

@@ -76,6 +76,14 @@ def test_auto_decoding_is_chosen_by_the_tokenizer(name, chosen):
     assert (policy.model.slot_embedding is not None) == (chosen == "parallel")
 
 
+def test_beam_search_waits_for_autos_choice():
+    """``num_beams > 1`` with ``decoding="auto"`` is allowed until the tokenizer chooses: kept where it chooses one id
+    at a time, refused where it chooses one pass, naming both ways out."""
+    assert make_policy("fast", decoding="auto", num_beams=4).config.num_beams == 4
+    with pytest.raises(ValueError, match="use num_beams=1, or temperature=0 and decoding='autoregressive'"):
+        make_policy("bin", decoding="auto", num_beams=4)
+
+
 def test_an_unknown_decoding_is_refused():
     with pytest.raises(ValueError, match="VLAConfig.decoding = 'beam' is invalid: use one of autoregressive, parallel"):
         VLAConfig(decoding="beam", device="cpu")

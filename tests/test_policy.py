@@ -256,6 +256,15 @@ def test_save_load_round_trip_gives_the_same_actions(name, tmp_path):
         assert torch.equal(*sampled)
 
 
+def test_a_folder_missing_its_action_normaliser_is_named_incomplete(tmp_path):
+    """A policy built without statistics saves neither normaliser; a folder holding only the state's was damaged or
+    copied in part, and says so rather than loading as a policy without statistics."""
+    make_policy("bin").save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "action_normalizer.json").unlink()
+    with pytest.raises(ValueError, match="holds state_normalizer.json but not action_normalizer.json"):
+        VLAPolicy.from_pretrained(tmp_path / "ckpt")
+
+
 def test_save_is_atomic(tmp_path, monkeypatch):
     policy = make_policy("bin")
     target = tmp_path / "ckpt"
@@ -316,6 +325,25 @@ def test_a_long_task_is_truncated_and_logged(caplog):
         chunk = policy.predict_action_chunk(batch)
     assert torch.isfinite(chunk).all() and "too long" in caplog.text
     assert policy.layout.stats.tasks_truncated == 1
+
+
+def test_a_state_without_its_normaliser_is_refused():
+    """Given an action normaliser only, a policy that reads a state would read it raw, far outside the range it
+    trained on: refused, naming what to pass; a state normaliser given beside the dataset's statistics is kept."""
+    action_norm, state_norm = normalizers()
+    tok = fitted_tokenizers()["bin"]
+    config = VLAConfig(preset="micro", device="cpu", time_horizon=T, state_dim=S)
+    with pytest.raises(ValueError, match="no normaliser for 'observation.state'.*state_normalizer="):
+        VLAPolicy(config, action_tokenizer=tok, action_normalizer=action_norm)
+    stats = {"action": {"q01": -torch.ones(D), "q99": torch.ones(D)}}  # no state in these statistics
+    kept = VLAPolicy(config, action_tokenizer=tok, state_normalizer=state_norm, dataset_stats=stats)
+    assert kept.state_normalizer is state_norm
+    stateless = VLAPolicy(
+        VLAConfig(preset="micro", device="cpu", time_horizon=T, state_dim=0),
+        action_tokenizer=tok,
+        action_normalizer=action_norm,
+    )
+    assert stateless.state_normalizer is None
 
 
 def test_mismatched_parts_are_refused():

@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import action_tokenizers as at
 import draccus
 import yaml
 
@@ -243,17 +244,18 @@ def _without_other_tokenizer_options(path: str | None, args: list[str], tmp: Pat
 
 
 def _with_tokenizer_type(path: str, args: list[str]) -> list[str]:
-    """``args`` with ``--tokenizer.type`` set to the default tokenizer when they set a tokenizer option but neither
-    they nor the file at ``path`` name the type (``vla train --dataset_root=DIR --tokenizer.vocab_size=128``: draccus
-    reads a tokenizer section only with its type)."""
-    options = [a.split("=", 1)[0] for a in args if a.startswith("--tokenizer.")]
+    """``args`` with ``--tokenizer.type`` set when they set a tokenizer option but neither they nor the file at
+    ``path`` name the type (``vla train --dataset_root=DIR --tokenizer.vocab_size=128``: draccus reads a tokenizer
+    section only with its type): the type saved at ``--tokenizer.pretrained_path``, else the default tokenizer."""
+    options = dict(a.split("=", 1) if "=" in a else (a, "") for a in args if a.startswith("--tokenizer."))
     if not options or "--tokenizer.type" in options:
         return args
     content = yaml.safe_load(Path(path).read_text()) or {}
     tokenizer = content.get("tokenizer") if isinstance(content, dict) else None
     if isinstance(tokenizer, dict) and "type" in tokenizer:
         return args
-    return [f"--tokenizer.type={DEFAULT_TOKENIZER}", *args]
+    saved = options.get("--tokenizer.pretrained_path")  # a saved tokenizer names its own type
+    return [f"--tokenizer.type={at.saved_type(saved) if saved else DEFAULT_TOKENIZER}", *args]
 
 
 def _parse(config_path: str | None, args: list[str]) -> TrainConfig:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lerobot.utils.constants import OBS_STATE
 
 from vla.execution import COMMITTED
 from vla.io import atomic_write_text, write_json
@@ -41,8 +42,8 @@ class ChunkPolicy:
     """A ``VLAPolicy`` as the rollout helpers' batch callable ``[obs, ...] -> actions [B, T, D]``.
 
     Records the wall time of every call, the ids generated, whether each chunk decoded validly and how many of the
-    normalised state values the prompt clipped to [-1, 1] (the observation outside the training range: the
-    layout's ``state_clipped``), and keeps the first ``LATENCY_SAMPLES`` observations so that ``single_latencies``
+    observation's normalised state values the prompt clips to [-1, 1] (the observation outside the training range),
+    and keeps the first ``LATENCY_SAMPLES`` observations so that ``single_latencies``
     can time them one at a time: a robot asks for one chunk at a time, and that latency is what ``evaluate``
     reports, whatever batch the rollouts used.
     """
@@ -71,16 +72,23 @@ class ChunkPolicy:
 
     def __call__(self, observations: list[dict[str, Any]]) -> np.ndarray:
         self.samples.extend(observations[: LATENCY_SAMPLES - len(self.samples)])
-        layout = getattr(getattr(self.policy, "layout", None), "stats", None)  # None: a policy without a prompt
-        clipped = layout.state_clipped if layout is not None else 0
+        self.state_clipped += self.clipped(observations)
         start = time.perf_counter()
         chunks = self.predict(observations)
         self.batch_latencies_ms.append((time.perf_counter() - start) * 1000)
-        self.state_clipped += (layout.state_clipped - clipped) if layout is not None else 0
         info = self.policy.last_decode_info
         self.valid.extend(np.asarray(info["valid"]).tolist())
         self.tokens.extend(np.asarray(info["tokens_per_chunk"]).tolist())
         return chunks
+
+    def clipped(self, observations: list[dict[str, Any]]) -> int:
+        """How many of the observations' state values normalise outside [-1, 1] (the training data's q01..q99 by
+        default), where the prompt clips them: once per observation, whatever decoding does with it."""
+        normalizer = getattr(self.policy, "state_normalizer", None)
+        if normalizer is None or any(OBS_STATE not in o for o in observations):
+            return 0
+        state = normalizer.normalize(np.stack([np.asarray(o[OBS_STATE], dtype=np.float64) for o in observations]))
+        return int((np.abs(state) > 1.0).sum())
 
     def single_latencies(self, observations: list[dict[str, Any]] | None = None) -> np.ndarray:
         """Milliseconds per chunk for ``observations`` (default: the kept ones), one at a time, after one untimed
@@ -153,8 +161,6 @@ def eval_provenance(policy_dir: Path | None, settings: dict[str, Any]) -> dict[s
 
 def _check_state_dim(envs: list, state_dim: int | None, env_options: dict[str, Any] | None) -> None:
     """A policy reads the state it was trained on: a clear error before the first step when the env gives another."""
-    from lerobot.utils.constants import OBS_STATE
-
     given = envs[0].features.get(OBS_STATE, {}).get("shape", (None,))[0]
     if state_dim and given is not None and given != state_dim:  # state_dim 0: an image-only policy ignores it
         raise ValueError(

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from action_tokenizers.base import CONFIG_NAME
+import action_tokenizers as at
 
 from vla.checkpoints import latest_checkpoint, no_space
 from vla.config import TrainConfig, load_config
@@ -75,7 +75,7 @@ def parse_args(argv: list[str]) -> TrainConfig:
     if not any(f == "--policy.device" for f, _ in policy_options):
         overrides.insert(0, "--device=null")  # chosen here (a GPU when there is one), not the machine it was saved on
     policy = load_policy_config(path, [*overrides, f"--pretrained_path={path}"])
-    kind = read_json(path / TOKENIZER_DIR / CONFIG_NAME, "action tokenizer").get("type", "fast")
+    kind = at.saved_type(path / TOKENIZER_DIR)
     return dataclasses.replace(
         cfg, policy=policy, tokenizer=tokenizer_config(kind, pretrained_path=str(path / TOKENIZER_DIR))
     )

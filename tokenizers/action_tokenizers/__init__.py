@@ -17,7 +17,7 @@ from .constraint import Constraint, LengthConstraint
 from .fast import FASTTokenizer
 from .fsq import FSQTokenizer
 from .normalize import Normalizer
-from .registry import TOKENIZERS, get_tokenizer_class, load_tokenizer
+from .registry import TOKENIZERS, get_tokenizer_class, load_tokenizer, saved_type
 
 __all__ = [
     "ActionTokenizer",
@@ -34,4 +34,5 @@ __all__ = [
     "TOKENIZERS",
     "get_tokenizer_class",
     "load_tokenizer",
+    "saved_type",
 ]

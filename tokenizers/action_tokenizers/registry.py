@@ -40,22 +40,40 @@ def load_tokenizer(directory: str | os.PathLike) -> ActionTokenizer:
 
     Every field of the saved config is validated; any problem is one ``ValueError`` naming the file and the fix.
     """
+    saved = _saved_config(directory)
+    if saved is None:
+        return FASTTokenizer.from_reference(Path(directory))
+    path, config = saved
+    cls = get_tokenizer_class(config.pop("type"))
+    choices = _fit_choices(config.pop("fit_choices", {}), path)
+    tok = cls._from_saved(config, Path(directory))
+    tok.fit_choices = choices
+    return tok
+
+
+def saved_type(directory: str | os.PathLike) -> str:
+    """The name of the tokenizer saved in ``directory`` (``"fast"`` for the reference FAST processor files), read
+    without loading it: what a config must name to load it."""
+    saved = _saved_config(directory)
+    return FASTTokenizer.name if saved is None else saved[1]["type"]
+
+
+def _saved_config(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
+    """``(path, config)`` of the tokenizer saved in ``directory``, its type checked and its format version dropped;
+    None for a local copy of the reference FAST processor files."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"no tokenizer directory at {directory}; pass the folder save_pretrained wrote")
     path = directory / CONFIG_NAME
     if not path.exists() and (directory / "processor_config.json").exists():
-        return FASTTokenizer.from_reference(directory)
+        return None
     config = read_json(path, "action tokenizer", format_version=FORMAT_VERSION)
     config.pop("format_version")
     try:
-        cls = get_tokenizer_class(config.pop("type", None))
+        get_tokenizer_class(config.get("type"))
     except ValueError as err:
         raise ValueError(f"{path}: {err}; save the tokenizer again") from None
-    choices = _fit_choices(config.pop("fit_choices", {}), path)
-    tok = cls._from_saved(config, directory)
-    tok.fit_choices = choices
-    return tok
+    return path, config
 
 
 MAX_FIT_CHOICES = 16  # a saved tokenizer's record of what its fit chose: a few named settings, no more

@@ -428,12 +428,13 @@ class VLAConfig(PreTrainedConfig):
             num_beams,
             "use 1 (greedy or sampling) or more hypotheses for beam search, e.g. 4",
         )
-        _check(
-            num_beams == 1 or self.temperature == 0 and self.decoding == "autoregressive",
+        _check(  # "auto" is checked again once the tokenizer has chosen (VLAPolicy)
+            num_beams == 1 or self.temperature == 0 and self.decoding in ("autoregressive", AUTO),
             "num_beams",
             num_beams,
             f"beam search keeps the most probable chunks, so it needs temperature 0 and decoding='autoregressive' "
-            f"(this policy: {self.temperature}, {self.decoding!r}); use num_beams=1",
+            f"(this policy: {self.temperature}, {self.decoding!r}); use num_beams=1, or temperature=0 and "
+            "decoding='autoregressive'",
         )
 
     def relative_mask(self) -> tuple[bool, ...] | None:

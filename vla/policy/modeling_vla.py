@@ -100,6 +100,7 @@ class VLAPolicy(PreTrainedPolicy):
         self._set_parts(action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta)
         if config.decoding == AUTO:  # chosen by the tokenizer (vla train chose and said it already)
             config.decoding = chosen_decoding(self.action_tokenizer.name)[0]
+            config.check_num_beams(config.num_beams)
         self._resolve_dims()
         scale = config.state_delta_scale
         if scale is not None and len(scale) != config.state_dim:
@@ -177,17 +178,27 @@ class VLAPolicy(PreTrainedPolicy):
             config.state_dim = 0
         root = getattr(dataset_meta, "root", None)
         data = None
-        if root is not None and (action_normalizer is None or action_tokenizer is None):
+        wants_state = config.state_dim != 0 and state_normalizer is None
+        if root is not None and (action_normalizer is None or wants_state or action_tokenizer is None):
             info = reader.dataset_info(root)
             data = info, predicted_chunks(info, config, None)  # every episode: LeRobot's trainer trains on them all
-        if action_normalizer is None and data is not None:
-            action_normalizer, state_normalizer = data_normalizers(info, config, data[1], None)
-        elif action_normalizer is None and dataset_stats is not None:
-            action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
-            if config.state_dim != 0 and state_normalizer is None:
+        if data is not None and (action_normalizer is None or wants_state):
+            found_action, found_state = data_normalizers(info, config, data[1], None)
+            action_normalizer = action_normalizer or found_action
+            state_normalizer = state_normalizer or found_state  # one given wins
+        elif dataset_stats is not None:
+            if action_normalizer is None:
+                action_normalizer = normalizer_from_stats(dataset_stats, ACTION, config.action_norm_mode)
+            if wants_state:
                 state_normalizer = normalizer_from_stats(dataset_stats, OBS_STATE, config.state_norm_mode)
         if config.state_dim == 0 or action_normalizer is None:
             state_normalizer = None
+        elif state_normalizer is None and (config.state_dim or OBS_STATE in (features or {})):
+            raise ValueError(  # read raw, the state would be far outside the range the policy trained on
+                f"no normaliser for {OBS_STATE!r}: the policy reads a state and was given an action normaliser only; "
+                "pass state_normalizer=at.Normalizer(...) fitted on the same data, dataset_stats holding "
+                f"{OBS_STATE!r}, or state_dim=0 for a policy without state"
+            )
         if action_tokenizer is None:
             action_tokenizer = policy_tokenizer(config, data, action_normalizer)
         if config.fps is None and getattr(dataset_meta, "fps", None):  # LeRobot's trainer: the data's rate, recorded
@@ -531,6 +542,11 @@ class VLAPolicy(PreTrainedPolicy):
         text_dir = path / TEXT_TOKENIZER_DIR
         # a policy built without statistics (from its config and features alone) saved no normaliser
         stats = (path / ACTION_NORMALIZER_FILE).is_file()
+        if not stats and (path / STATE_NORMALIZER_FILE).is_file():
+            raise ValueError(
+                f"{path} holds {STATE_NORMALIZER_FILE} but not {ACTION_NORMALIZER_FILE}: the folder is incomplete "
+                "(a policy built without statistics saves neither); copy the folder again, or save the policy again"
+            )
         policy = cls(
             config,
             action_tokenizer=at.load_tokenizer(path / TOKENIZER_DIR),
