@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, save_figure
 from vla.sim import EVAL_SEED_START
 
 TARGETS = {"transfer-cube": 0.90, "insertion": 0.50}  # ACT's own success on the two tasks (Zhao et al., 2023)
@@ -116,8 +116,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.legend(fontsize=8, loc="upper left")
     axes[0][0].set_ylabel("success rate (evaluation episodes)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main() -> int:

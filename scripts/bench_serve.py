@@ -289,6 +289,8 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from vla.io import save_figure
+
     panels = 3 if result.get("closed_loop") else 1
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
     axes = np.atleast_1d(axes)
@@ -316,7 +318,7 @@ def plot(result: dict, path: Path) -> None:
             ax.legend()
         axes[1].set_ylim(0, 1.05)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

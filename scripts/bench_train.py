@@ -136,7 +136,7 @@ def loss_curves(args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from vla.io import write_json
+    from vla.io import save_figure, write_json
     from vla.provenance import provenance
 
     dataset = ensure_datasets(["fast"])["fast"]
@@ -160,8 +160,7 @@ def loss_curves(args) -> None:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
-    plt.close(fig)
+    save_figure(fig, stem.with_suffix(".png"))
     write_json(
         stem.with_suffix(".json"),
         {

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from vla.evaluate import EVAL_SEED_START, evaluate
-from vla.io import atomic_write_text, write_json
+from vla.io import atomic_write_text, save_figure, write_json
 from vla.provenance import provenance
 from vla.run_folder import StudyRunFolder
 
@@ -288,8 +288,7 @@ def plot(cells: list[dict], path: Path) -> None:
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the curves, not over them
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from lerobot.utils.constants import OBS_STATE  # noqa: E402
 
 from vla.data import columns, reader  # noqa: E402
-from vla.io import atomic_write_text, write_json  # noqa: E402
+from vla.io import atomic_write_text, save_figure, write_json  # noqa: E402
 from vla.regression import RegressionConfig, RegressionPolicy, hidden_for, train_regression  # noqa: E402
 from vla.sim import (  # noqa: E402
     EVAL_SEED_START,
@@ -197,10 +197,7 @@ def plot(panels: list[tuple[str, list[dict[str, Any]]]], out: Path) -> None:
         fontsize=9,
     )
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(out)
+    save_figure(fig, out)
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:

@@ -94,6 +94,8 @@ def plot(runs: list[dict], bench: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from vla.io import save_figure
+
     toks = list(dict.fromkeys(r["tokenizer"] for r in runs))
     # eval latencies are left out of the plot: the runs were evaluated at different machine loads
     panels = [("success_rate", "closed-loop success (push-v3)"), ("final_accuracy", "action-id accuracy (train)")]
@@ -130,9 +132,7 @@ def plot(runs: list[dict], bench: list[dict], out: Path) -> None:
         ax.set_yscale("log")
         ax.set_title("decode latency, batch 1 (ms, p50)", fontsize=10)
     fig.tight_layout()
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(out)
+    save_figure(fig, out)
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from vla.data.reader import read_recording
-from vla.io import atomic_write_text, write_json
+from vla.io import atomic_write_text, save_figure, write_json
 from vla.provenance import provenance
 from vla.run_folder import StudyRunFolder
 
@@ -456,8 +456,7 @@ def plot(measured: list[dict[str, Any]], top: list[dict[str, Any]], path: Path, 
     fig.legend(handles=handles, fontsize=7, loc="center right")
     fig.suptitle(f"{title}: closed-loop success against the best-ranked quantities", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 0.9 / (3.6 * len(axes[0]) + 0.9), 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_largest(measured: list[dict[str, Any]], rows: list[dict[str, Any]], path: Path) -> None:

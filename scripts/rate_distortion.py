@@ -34,6 +34,7 @@ from action_tokenizers.coefficients import flatten, ints_to_strings  # noqa: E40
 from vla.data.columns import action_chunks
 from vla.data.reader import dataset_info, split_episodes  # noqa: E402
 from vla.data.stats import frame_stats  # noqa: E402
+from vla.io import save_figure  # noqa: E402
 
 SCALES = [2.0, 3.0, 5.0, 7.0, 10.0, 14.0, 20.0, 28.0, 40.0]
 COMPARE_AT = [5.0, 10.0, 20.0]  # the published points the comparison is read at
@@ -207,8 +208,7 @@ def plot(results: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=6.5, loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def markdown(results: dict) -> str:

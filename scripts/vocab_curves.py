@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vla.io import atomic_write_text, write_json
+from vla.io import atomic_write_text, save_figure, write_json
 from vla.provenance import provenance
 
 
@@ -183,8 +183,7 @@ def plot(rows: list[dict], path: Path) -> None:
     by_data.legend(fontsize=8)
     fig.suptitle("FAST's vocabulary and closed-loop success")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main() -> int:

@@ -476,6 +476,9 @@ def test_overlapped_requests_carry_the_actions_that_run_while_they_are_on_their_
             time.sleep(0.01)
         executor.close()
         assert len(inner.sent) >= 2 and all("committed_actions" not in o for o in inner.sent)
+    for mode, every in (("sync", None), ("overlapped", 2)):  # asked for where no actions are committed: refused
+        with pytest.raises(ValueError, match=f"commit=True with mode '{mode}' and every = {every}.*commit=None"):
+            ChunkExecutor([Recorder()] * 2, control_hz=200, commit=True, mode=mode, every=every)
 
 
 def test_executor_asking_every_k_ticks_keeps_several_requests_on_their_way():

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from vla.io import atomic_write_text, write_json
+from vla.io import atomic_write_text, save_figure, write_json
 
 
 def fit_cell(r: dict[str, Any]) -> str:
@@ -115,7 +115,7 @@ def write_outputs(results: dict[str, Any], out_dir: Path, name: str = "compare")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "rate_distortion.png", dpi=120)
+    save_figure(fig, out_dir / "rate_distortion.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     width = 0.8 / max(len(toks), 1)
@@ -125,7 +125,7 @@ def write_outputs(results: dict[str, Any], out_dir: Path, name: str = "compare")
     ax.set(xlabel="action dimension", ylabel="RMSE (normalised)", title="error per dimension")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "per_dim_error.png", dpi=120)
+    save_figure(fig, out_dir / "per_dim_error.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, r in toks.items():
@@ -134,5 +134,4 @@ def write_outputs(results: dict[str, Any], out_dir: Path, name: str = "compare")
     ax.set(xlabel="tokens per chunk", ylabel="share of chunks", title="token-length histogram")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "token_lengths.png", dpi=120)
-    plt.close("all")
+    save_figure(fig, out_dir / "token_lengths.png")

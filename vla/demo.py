@@ -27,7 +27,7 @@ from typing import Any
 
 from vla import evaluate, train
 from vla.config import load_config
-from vla.io import atomic_write_text, write_json
+from vla.io import atomic_write_text, save_figure, write_json
 from vla.provenance import provenance
 from vla.sim import record
 
@@ -208,8 +208,7 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> None:
     tasks = env_names(result["task"])
     fig.suptitle(f"{len(tasks)} {result['task'].split('/')[0]} task(s): one tiny policy per tokenizer, same budget")
     fig.tight_layout()
-    fig.savefig(out_dir / "demo.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out_dir / "demo.png")
     rates = {name: r["tasks"] for name, r in result["tokenizers"].items() if "tasks" in r}
     if rates:
         n = len(next(iter(rates.values())))

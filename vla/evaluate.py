@@ -26,7 +26,7 @@ import torch
 from lerobot.utils.constants import OBS_STATE
 
 from vla.execution import COMMITTED
-from vla.io import atomic_write_text, write_json
+from vla.io import atomic_write_text, save_figure, write_json
 from vla.policy import VLAPolicy
 from vla.policy.commit_search import REFUSES_COMMITTED
 from vla.policy.saved_config import check_policy_folder
@@ -521,8 +521,7 @@ def plot_tasks(rates: dict[str, dict[str, float]], path: Path, title: str = "") 
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def add_cli(subparsers) -> None:

@@ -39,7 +39,7 @@ from lerobot.utils.constants import ACTION, OBS_STATE
 from vla.data import reader
 from vla.data.stats import frame_stats
 from vla.data.torch_dataset import ActionChunkDataset
-from vla.io import atomic_write_text, write_json
+from vla.io import atomic_write_text, save_figure, write_json
 from vla.policy.pipeline import IMAGES, SEQUENCE, current_state, packed, run
 from vla.run_folder import RunFolder
 
@@ -303,8 +303,7 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(run_folder.report(".png"), dpi=120)
-    plt.close(fig)
+    save_figure(fig, run_folder.report(".png"))
 
 
 def plot_curves(run_folder: RunFolder) -> None:
@@ -332,5 +331,4 @@ def plot_curves(run_folder: RunFolder) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(run_folder.heldout_plot, dpi=120)
-    plt.close(fig)
+    save_figure(fig, run_folder.heldout_plot)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from lerobot.utils.constants import ACTION, OBS_STATE
 
+from vla.io import save_figure
 from vla.policy import VLAPolicy
 from vla.policy.pipeline import ACTION_IDS, SEQUENCE, WITHOUT_STATS, run
 
@@ -153,8 +154,7 @@ def inspect_policy(
         frameon=False,
     )
     fig.tight_layout(rect=(0, 0.15, 1, 1))
-    fig.savefig(out_dir / "layout.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out_dir / "layout.png")
 
     mask = seq.attention_mask.numpy()
     fig, axes = plt.subplots(1, 2, figsize=(10, 5))
@@ -162,8 +162,7 @@ def inspect_policy(
         ax.imshow(mask[row], cmap="Greys", interpolation="nearest")
         ax.set(title=f"row {row}: black = query (down) may attend key (across)", xlabel="key", ylabel="query")
     fig.tight_layout()
-    fig.savefig(out_dir / "attention_mask.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out_dir / "attention_mask.png")
 
     observation = {k: v[:1] for k, v in batch.items() if k not in (ACTION, "action_is_pad")}  # row 0, no actions
     trace = trace_decoding(policy, observation)
@@ -175,8 +174,7 @@ def inspect_policy(
     ax2.bar(range(len(trace)), [t["allowed"] for t in trace])
     ax2.set(xlabel="decoding step", ylabel="ids allowed", yscale="log")
     fig.tight_layout()
-    fig.savefig(out_dir / "decoding.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out_dir / "decoding.png")
 
     counts = {k: int((kinds[0] == i).sum()) for i, k in enumerate(KINDS)}
     lines = [

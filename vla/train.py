@@ -39,7 +39,7 @@ from vla.config import TrainConfig
 from vla.data import columns, reader
 from vla.data.torch_dataset import ActionChunkDataset, choose_backend
 from vla.heldout import Heldout, plot_curves, write_report
-from vla.io import atomic_write_text, write_json
+from vla.io import atomic_write_text, save_figure, write_json
 from vla.policy import VLAPolicy
 from vla.policy.factory import build_policy, check_finetuning
 from vla.policy.pipeline import Collate
@@ -624,5 +624,4 @@ def plot_loss(run: RunFolder) -> None:
     ax.set(xlabel="step", ylabel="loss (action tokens)", yscale="log", title="training loss")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(run.loss_plot, dpi=120)
-    plt.close(fig)
+    save_figure(fig, run.loss_plot)

@@ -146,6 +146,13 @@ class ChunkExecutor:
                 f"every = {every} with mode {mode!r} and {len(clients)} clients: asking every K >= 1 ticks is an "
                 "overlapped mode, with at least one client (one per request on its way)"
             )
+        if commit and (mode != "overlapped" or every is not None):
+            raise ValueError(
+                f"commit=True with mode {mode!r} and every = {every}: the committed actions are those that run while "
+                "one reply is on its way, so they exist in the overlapped mode asking one request at a time (a "
+                "synchronous robot runs nothing while it waits; asked every K ticks, which actions run before a reply "
+                "lands is not known when it is asked); use commit=None or False, or mode='overlapped' without every"
+            )
         infer = clients[0]
         metadata = {}
         if n_obs_steps is None or commit is None:
@@ -154,8 +161,7 @@ class ChunkExecutor:
             n_obs_steps = int(metadata.get("policy", {}).get("n_obs_steps", 1))
         if commit is None:
             commit = bool(metadata.get("policy", {}).get("committed_actions", False))
-        # a synchronous robot runs nothing while it waits; asked every K ticks, when the replies on their way land (and
-        # so which actions run) is not known ahead
+        # from the server's metadata: off where commit=True is refused above
         self.commit = bool(commit) and mode == "overlapped" and every is None
         if n_obs_steps < 1:
             raise ValueError(f"n_obs_steps must be >= 1 (the states the policy reads), got {n_obs_steps}")

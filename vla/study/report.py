@@ -12,7 +12,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from vla.io import atomic_write_text
+from vla.io import atomic_write_text, save_figure
 from vla.provenance import provenance
 from vla.study.commands import identity
 from vla.study.records import FORMAT, RUNS_FILE, changes, legacy_identity, merged, read_runs, write_runs
@@ -158,10 +158,7 @@ def plot(study: Study, table: dict, path: Path) -> None:
     ax.set_ylabel("success (%)")
     ax.set_title(f"{study.name}: mean over seeds (bar), std (black), seeds (dots), Wilson 95% (grey)", fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def write_results(study: Study, runs: list[dict[str, Any]], out: Path, fingerprint: dict[str, Any] | None) -> dict:
