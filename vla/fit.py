@@ -117,7 +117,10 @@ def add_cli(subparsers) -> None:
         help="a fit option of the tokenizer (repeatable), e.g. --option scale=5",
     )
     p.add_argument(
-        "--time-horizon", type=int, default=None, help="T; default one second, capped at the shortest episode"
+        "--time-horizon",
+        type=int,
+        default=None,
+        help="T; default the chunk vla train chooses (half a second at the data's fps, cut to the longest episode)",
     )
     p.add_argument("--episodes-heldout", type=float, default=0.2, help="share of episodes held out for the report")
     p.add_argument("--sweep", action="store_true", help="add the tokenizer's rate-distortion curve")

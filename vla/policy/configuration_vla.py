@@ -137,7 +137,7 @@ class VLAConfig(PreTrainedConfig):
     # Per action dimension, True = the model predicts action - state (the state's matching dimension, below) and the
     # state is added back on the way out, so decoded chunks are absolute. "none" = all absolute; "auto" = every
     # dimension whose matched state dimension tracks it (vla.data.defaults.TRACKS) but grippers (named *grip*, *claw*,
-    # *finger*), fixed into a mask from the dataset when training starts.
+    # *finger*, *jaw*), fixed into a mask from the dataset when training starts.
     relative_actions: list[bool] | str = "none"
     # For each action dimension, the state dimension holding the same quantity (relative actions, and the held-out
     # report's hold-the-state baseline). None = matched when training starts (vla.data.defaults.match_state): by feature
