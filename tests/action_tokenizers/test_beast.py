@@ -88,7 +88,7 @@ def test_bad_options_and_shapes(beast_tok):
         at.BEASTTokenizer.fit(np.zeros((3, 10, 2)), n_bins=1)
     with pytest.raises(ValueError, match="time_horizon 12 but this tokenizer was fitted for time_horizon 10"):
         beast_tok.encode(np.zeros((12, 7)))
-    with pytest.raises(ValueError, match="decodes chunks of"):
+    with pytest.raises(ValueError, match="spells chunks of"):
         beast_tok.decode([[0] * 42], time_horizon=12)
     out = beast_tok.decode([[0] * 41, [0] * 41 + [256]])
     assert not out.valid.any() and "41 ids" in out.errors[0] and "outside" in out.errors[1]

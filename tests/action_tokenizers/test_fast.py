@@ -86,6 +86,13 @@ def test_loads_reference_files_in_both_layouts(tmp_path, train_chunks, heldout_c
     assert tok.encode(heldout_chunks) == reference.encode(bpe, heldout_chunks, 10.0, min_token)
     out = tok.decode(tok.encode(heldout_chunks), time_horizon=T, action_dim=D)
     assert out.valid.all()
+    # the alphabet, read off the vocabulary, is the fitted coefficients' span: the constraint allows no wider values
+    span = np.concatenate([c.flatten() for c in reference_coefficients(train_chunks[:1000])])
+    assert int(span.max() - span.min()) + 1 <= tok.n_symbols <= int(span.max() - span.min()) + 3
+
+
+def reference_coefficients(chunks) -> list[np.ndarray]:
+    return [np.around(scipy.fft.dct(np.asarray(c, float), axis=0, norm="ortho") * 10.0) for c in chunks]
 
 
 def test_out_of_range_coefficients_are_clipped_and_counted(fast_tok):
@@ -301,3 +308,16 @@ def test_the_vocabulary_rule_takes_the_largest_whose_typical_id_is_common_for_th
     assert size == 128 and seen == [128, 256] and "3125 times; 256 ids: 1562 times" in why
     size, why = rate.choose_vocab_size(200, 100, 10, lambda v: np.full(v, 3))
     assert size == 256 and "smallest vocabulary that holds the 200-symbol alphabet" in why
+    seen.clear()
+    size, why = rate.choose_vocab_size(65, 10_000, 10, lambda v: seen.append(v) or np.full(min(v, 300), 4000))
+    assert size == 512 and seen == [128, 256, 512]  # the merges ran out at 300 ids: a larger one builds the same
+    assert "every pair seen twice merged: 300 ids" in why
+
+
+def test_auto_records_the_vocabulary_it_built():
+    """Data with few distinct pairs runs out of merges below the rule's size: the size recorded and said is the one
+    built, not the candidate asked for."""
+    for chunks in (np.zeros((300, 4, 2)), np.random.default_rng(1).uniform(-1, 1, (400, 1, 1))):
+        tok = at.FASTTokenizer.fit(chunks, vocab_size="auto")
+        size, why = tok.fit_choices["vocab_size"]
+        assert size == tok.vocab_size < 128 and f"{tok.vocab_size} ids" in why

@@ -37,6 +37,18 @@ def test_bad_saved_config_is_one_line_naming_the_file(all_toks, tmp_path, name, 
     assert str(path.parent) in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["fast", "fast_byte_level"])
+def test_a_fast_config_that_does_not_fit_its_bpe_is_refused_on_load(all_toks, tmp_path, name):
+    """A smaller alphabet than the vocabulary spells, or a byte-level vocabulary read as character-level, would load
+    and then fail (or cut rows wrongly) at the first encode: refused on load, naming the file."""
+    tok = all_toks[name]
+    path = tok.save_pretrained(tmp_path / "tok") / "action_tokenizer.json"
+    _edit(path, **({"n_symbols": tok.n_symbols - 1} if name == "fast" else {"byte_level": False}))
+    with pytest.raises(ValueError, match="beyond the .*-symbol alphabet .*save or refit") as err:
+        at.load_tokenizer(tmp_path / "tok")
+    assert str(path.parent) in str(err.value)
+
+
 def test_truncated_weights_are_one_line_naming_the_file(fsq_tok, tmp_path):
     weights = fsq_tok.save_pretrained(tmp_path / "tok") / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])

@@ -45,6 +45,13 @@ def test_shape_must_match_the_fit(fsq_tok):
         fsq_tok.encode(np.zeros((12, D)))
     with pytest.raises(ValueError, match="action_dim 3"):
         fsq_tok.encode(np.zeros((T, 3)))
+    # the constraint promises every sequence it accepts decodes to the shape asked: only the fitted one
+    for shape in ({"time_horizon": T + 2}, {"action_dim": D + 1}):
+        with pytest.raises(ValueError, match=rf"spells chunks of \[{T}, {D}\].*fit one for that shape"):
+            fsq_tok.constraint(**shape)
+        with pytest.raises(ValueError, match=rf"spells chunks of \[{T}, {D}\]"):
+            fsq_tok.decode([[0] * fsq_tok.model.tokens], **shape)
+    assert fsq_tok.constraint(T, D).max_length == fsq_tok.model.tokens
 
 
 def test_bad_options():

@@ -201,6 +201,16 @@ class ActionTokenizer(ABC):
             raise ValueError(f"time_horizon and action_dim must be positive, got {t} and {d}")
         return int(t), int(d)
 
+    def _fitted_shape(self, time_horizon: int | None, action_dim: int | None) -> tuple[int, int]:
+        """The shape asked for, which must be the fitted one (a tokenizer whose ids spell a whole chunk of it)."""
+        t, d = self._resolve_shape(time_horizon, action_dim)
+        if (t, d) != (self.time_horizon, self.action_dim):
+            raise ValueError(
+                f"this {self.name} tokenizer spells chunks of [{self.time_horizon}, {self.action_dim}], not [{t}, {d}]; "
+                "fit one for that shape"
+            )
+        return t, d
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self._config().items() if not isinstance(v, (list, dict)))
         return f"{type(self).__name__}({fields}, vocab_size={self.vocab_size})"

@@ -220,15 +220,6 @@ class BEASTTokenizer(ActionTokenizer):
         t, d = self._fitted_shape(time_horizon, action_dim)
         return fixed_length(self.n_bins, self.n_control_points * d)
 
-    def _fitted_shape(self, time_horizon: int | None, action_dim: int | None) -> tuple[int, int]:
-        t, d = self._resolve_shape(time_horizon, action_dim)
-        if (t, d) != (self.time_horizon, self.action_dim):
-            raise ValueError(
-                f"this BEAST tokenizer decodes chunks of [{self.time_horizon}, {self.action_dim}], not [{t}, {d}]; "
-                "fit one for that shape"
-            )
-        return t, d
-
     def _config(self) -> dict[str, Any]:
         return {
             "n_control_points": self.n_control_points,

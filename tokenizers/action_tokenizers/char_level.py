@@ -23,6 +23,12 @@ def symbol_table(bpe: Tokenizer, n_symbols: int) -> tuple[np.ndarray, np.ndarray
     singles = {ord(s) for s in strings if len(s) == 1}
     if (lengths < 1).any() or not singles.issuperset(range(n_symbols)):
         raise ValueError("the BPE vocabulary lacks a single-symbol id for some coefficient; refit the tokenizer")
+    if len(flat) and int(flat.max()) >= n_symbols:  # a config and a BPE file that do not belong together
+        raise ValueError(
+            f"the BPE vocabulary spells symbol {int(flat.max())}, beyond the {n_symbols}-symbol alphabet (n_symbols) "
+            "of its config; the config or the BPE file was changed or mixed with another tokenizer's: save or refit "
+            "the tokenizer again"
+        )
     return flat, offsets, lengths
 
 

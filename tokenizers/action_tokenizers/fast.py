@@ -265,8 +265,8 @@ class FASTTokenizer(ActionTokenizer):
                 return rate.id_counts(fitted[size].encode(arr), fitted[size].vocab_size)
 
             size, why = rate.choose_vocab_size(n_symbols, len(arr), arr.shape[1], spell)
-            choices["vocab_size"] = (size, why)
             tok = fitted[size]
+            choices["vocab_size"] = (tok.vocab_size, why)  # what was built: fewer ids when the merges ran out
             tok.encode_stats = EncodeStats()  # the choice's own encodes are not the caller's
             tok.fit_choices = choices
             return tok
@@ -460,7 +460,7 @@ class FASTTokenizer(ActionTokenizer):
 
         Needs ``processor_config.json`` and ``tokenizer.json``, the latter beside it or in ``bpe_tokenizer/``
         (the layout transformers 5 writes). The reference does not store the alphabet size; it is read off the
-        vocabulary (its single-character tokens) and only used to clip out-of-range coefficients.
+        vocabulary (its single-character tokens, ``read_reference``) and bounds the decoding constraint.
         """
         bpe, config, n_symbols = read_reference(Path(directory))
         try:

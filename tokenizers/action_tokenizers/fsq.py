@@ -253,11 +253,7 @@ class FSQTokenizer(ActionTokenizer):
         self, ids, time_horizon: int | None = None, action_dim: int | None = None, mode: DecodeMode = "mark"
     ) -> DecodeResult:
         check_mode(mode)
-        t, d = self._resolve_shape(time_horizon, action_dim)
-        if (t, d) != (self.time_horizon, self.action_dim):
-            raise ValueError(
-                f"this FSQ tokenizer decodes chunks of [{self.time_horizon}, {self.action_dim}], not [{t}, {d}]"
-            )
+        t, d = self._fitted_shape(time_horizon, action_dim)
         rows = as_id_rows(ids)
         k = self.model.tokens
         grid = np.full((len(rows), k), self._zero_id, dtype=np.int64)  # repair pads with the zero code
@@ -281,7 +277,7 @@ class FSQTokenizer(ActionTokenizer):
             return int(self.model.fsq(torch.zeros(1, len(self.levels), 1))[1].item())
 
     def constraint(self, time_horizon: int | None = None, action_dim: int | None = None) -> Constraint:
-        self._resolve_shape(time_horizon, action_dim)
+        self._fitted_shape(time_horizon, action_dim)
         return fixed_length(self.vocab_size, self.model.tokens)
 
     def codes_roundtrip_ok(self, ids: np.ndarray) -> bool:

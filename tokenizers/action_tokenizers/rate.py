@@ -78,29 +78,40 @@ def choose_vocab_size(
     n_symbols: int, n_chunks: int, time_horizon: int, spell: Callable[[int], np.ndarray]
 ) -> tuple[int, str]:
     """The vocabulary by the rule above. ``spell(v)`` fits a vocabulary of ``v`` ids and returns how often each id
-    occurs in the fitting chunks; candidates are tried smallest first and the search stops at the first too rare."""
+    occurs in the fitting chunks, one count per id of the vocabulary built (fewer than ``v`` when the BPE runs out
+    of pairs to merge, and then every larger candidate builds the same one); candidates are tried smallest first and
+    the search stops at the first too rare, or at the first the BPE could not fill. Returns the candidate chosen
+    (``spell``'s argument) and why, in the sizes actually built."""
     candidates = [v for v in VOCAB_CANDIDATES if v > n_symbols] or [int(2 ** np.ceil(np.log2(n_symbols + 1)))]
     least = min_median_id_count(time_horizon)
-    chosen, seen = None, []
+    chosen, seen = None, {}
     for v in candidates:
         counts = spell(v)
         used = counts[counts > 0]
         median = float(np.median(used)) if len(used) else 0.0
-        ids_per_chunk = counts.sum() / max(n_chunks, 1)
-        seen.append((v, median, ids_per_chunk))
+        seen[v] = (len(counts), median, counts.sum() / max(n_chunks, 1))  # built size, median count, ids a chunk
         if median < least:
             break
         chosen = v
+        if len(counts) < v:  # the merges ran out: a larger candidate would build this vocabulary again
+            break
     rule = f"{least} times ({MIN_MEDIAN_ID_COUNT_PER_STEP} per step of the {time_horizon}-step chunks)"
     if chosen is None:
-        v, median, per_chunk = seen[0]
+        v = candidates[0]
+        size, median, per_chunk = seen[v]
         return v, (
-            f"the smallest vocabulary that holds the {n_symbols}-symbol alphabet: even its typical id occurs only "
-            f"{median:.0f} times in the {n_chunks} fitting chunks (the rule asks {rule}); {per_chunk:.1f} ids a chunk"
+            f"the smallest vocabulary that holds the {n_symbols}-symbol alphabet ({size} ids): even its typical id "
+            f"occurs only {median:.0f} times in the {n_chunks} fitting chunks (the rule asks {rule}); "
+            f"{per_chunk:.1f} ids a chunk"
         )
-    v, median, per_chunk = next(s for s in seen if s[0] == chosen)
-    larger = next((s for s in seen if s[0] > chosen), None)
-    beyond = f"; {larger[0]} ids: {larger[1]:.0f} times" if larger else ""
+    size, median, per_chunk = seen[chosen]
+    if size < chosen:
+        return chosen, (
+            f"every pair seen twice merged: {size} ids, fewer than the rule allows (its typical id occurs {median:.0f} "
+            f"times in the {n_chunks} fitting chunks, the rule asks {rule}); {per_chunk:.1f} ids a chunk"
+        )
+    larger = next((k for k in seen if k > chosen), None)
+    beyond = f"; {seen[larger][0]} ids: {seen[larger][1]:.0f} times" if larger else ""
     return chosen, (
         f"the largest vocabulary whose typical id occurs at least {rule} in the {n_chunks} fitting chunks "
         f"({median:.0f} times{beyond}); {per_chunk:.1f} ids a chunk"

@@ -9,6 +9,7 @@ undecodable ids become an all-zero chunk). Not for production use.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from tokenizers import ByteLevelBPETokenizer, Tokenizer, trainers
 
 from .base import check_saved
 from .io import read_json
-from .utf8 import UNICODE_TO_BYTE
 
 
 def bpe_trainer(vocab_size: int, n_symbols: int, show_progress: bool) -> trainers.BpeTrainer:
@@ -68,9 +68,14 @@ def read_reference(directory: Path) -> tuple[Tokenizer, dict, int]:
     if bpe_path is None:
         raise ValueError(f"no tokenizer.json in {directory} or {directory / 'bpe_tokenizer'}; copy the BPE files too")
     bpe = load_bpe(bpe_path)
-    singles = [ord(tok) for tok in bpe.get_vocab() if len(tok) == 1]
-    raw = [c for c in singles if c not in UNICODE_TO_BYTE]  # initial-alphabet symbols that are not byte stand-ins
-    n_symbols = max(raw) + 1 if raw else int(config.get("vocab_size") or bpe.get_vocab_size()) + 1
+    # The initial alphabet is chr(0) .. chr(n - 1); the byte stand-ins of the trained strings are single-character
+    # tokens too, and share code points with part of it, so n is the first code point missing from the single
+    # characters: exact where the next code point is no stand-in the data produced, else a little above (a looser
+    # decoding constraint, never one that forbids an id sequence the encoder writes).
+    singles = {tok for tok in bpe.get_vocab() if len(tok) == 1}
+    n_symbols = next(c for c in itertools.count() if chr(c) not in singles)
+    if n_symbols == 0:  # no alphabet of its own: the widest the vocabulary allows
+        n_symbols = int(config.get("vocab_size") or bpe.get_vocab_size()) + 1
     return bpe, config, n_symbols
 
 
