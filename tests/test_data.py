@@ -273,11 +273,17 @@ def test_wrong_version(tiny_dataset_root, tmp_path):
 
 
 def test_chunk_longer_than_every_episode(tiny_dataset_root):
-    longest = int(dataset_info(tiny_dataset_root).episode_lengths.max())
+    lengths = dataset_info(tiny_dataset_root).episode_lengths
+    longest, shortest = int(lengths.max()), int(np.argmin(lengths))
     action_chunks(tiny_dataset_root, longest)  # as long as the longest episode: fine
     for call in (action_chunks, open_dataset, ActionChunkDataset):
-        with pytest.raises(ValueError, match="longer than every selected episode"):
+        with pytest.raises(ValueError, match="longer than every episode"):
             call(tiny_dataset_root, longest + 1)
+    # a split of short episodes only (one seed's held-out episodes) keeps the dataset's chunk, padded
+    assert lengths[shortest] < longest
+    chunks, is_pad = action_chunks(tiny_dataset_root, longest, episodes=[shortest])
+    assert chunks.shape == (lengths[shortest], longest, chunks.shape[2]) and is_pad[0, lengths[shortest] :].all()
+    assert len(ActionChunkDataset(tiny_dataset_root, longest, episodes=[shortest])) == lengths[shortest]
     with pytest.raises(ValueError, match="positive integer"):
         action_chunks(tiny_dataset_root, 0)
 

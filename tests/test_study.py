@@ -57,6 +57,25 @@ def test_aggregate_and_compare_use_the_seeds():
     verdict = compare(steady_hi, steady_lo)
     assert verdict["significant"] and verdict["p_value"] < 0.05 and math.isclose(verdict["gap"], 0.3)
     assert compare(aggregate(runs[:1]), other)["p_value"] is None  # one seed: no verdict
+    # two seeds (fewer than a verdict needs, as the page's table says) give no verdict, however far apart
+    two_hi, two_lo = (
+        aggregate([{"seed": s, "successes": [True] * k + [False] * (10 - k)} for s, k in enumerate(ks)])
+        for ks in ([8, 9], [2, 2])
+    )
+    assert compare(two_hi, two_lo)["p_value"] is None and "fewer than 3 seeds" in compare(two_hi, two_lo)["why"]
+
+
+def test_cells_whose_seeds_agree_are_compared_over_their_episodes():
+    """Every seed of both cells at one rate leaves no seed spread to test against (Welch's t would be infinite):
+    a 2-point gap at saturation is no verdict, a 100-point one still is."""
+
+    def cell(k, n=50):
+        return aggregate([{"seed": s, "successes": [True] * k + [False] * (n - k)} for s in range(3)])
+
+    near = compare(cell(50), cell(49))
+    assert not near["significant"] and near["p_value"] > 0.2 and "Fisher" in near["why"]  # 150 / 150 against 147 / 150
+    far = compare(cell(50), cell(0))
+    assert far["significant"] and far["p_value"] < 1e-6
 
 
 def _write(path, text):

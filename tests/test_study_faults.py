@@ -137,6 +137,24 @@ def test_a_changed_base_config_is_named(fake, capsys, tmp_path):
     assert f"the base config {config} has changed since it was trained" in err and not fake.work.exists()
 
 
+def test_a_finished_run_records_what_it_was_started_with(fake):
+    """The base config edited while a run trains: its record keeps the identity it started under (identity.json),
+    so the next ``vla study run`` names the change instead of counting the run as done under the new file."""
+    from vla.run_folder import StudyRunFolder
+    from vla.study.runner import execute
+
+    run = fake.study.runs()[0]
+    place = StudyRunFolder(fake.work / run.id)
+    started = {**identity(fake.study, run), "config_sha256": "0" * 64}  # the config as it was when training began
+    place.train.policy.mkdir(parents=True)  # trained and evaluated: execute only writes the record
+    place.train.config.write_text(json.dumps({"seed": run.seed}))
+    place.eval_info.parent.mkdir(parents=True)
+    place.eval_info.write_text(json.dumps({"success_rate": 0.5, "successes": [True, False], "seeds": [0, 1]}))
+    place.identity.write_text(json.dumps(started))
+    record = execute(fake.study, run, place.path, {"sha256": fake.sha})
+    assert record["identity"] == started != identity(fake.study, run)
+
+
 def test_a_run_folder_started_under_other_settings_is_not_resumed(fake, capsys):
     """A folder from before identity.json: its log's vla train line says what it was started with."""
     folder = fake.work / "default-bin-s0"

@@ -400,13 +400,16 @@ def _check_episodes(info: DatasetInfo, episodes: list[int] | None) -> list[int]:
 
 
 def _check_time_horizon(info: DatasetInfo, time_horizon: int, episodes: list[int]) -> None:
+    """A chunk no longer than the dataset's longest episode. Selected episodes shorter than it are padded, as every
+    episode's last chunks are: a split (the held-out episodes of one seed) may hold only short ones, and the chunk,
+    chosen for the whole dataset, stays the same for every split."""
     if not isinstance(time_horizon, (int, np.integer)) or time_horizon < 1:
         raise ValueError(f"time_horizon must be a positive integer, got {time_horizon!r}")
-    lengths = info.episode_lengths[np.isin(info.episode_index, episodes)]
-    if time_horizon > lengths.max():
+    longest = int(info.episode_lengths.max())
+    if time_horizon > longest:
         raise ValueError(
-            f"time_horizon {time_horizon} is longer than every selected episode (longest: {lengths.max()} "
-            f"frames at {info.fps} fps); every chunk would be mostly padding. Use at most {lengths.max()}."
+            f"time_horizon {time_horizon} is longer than every episode (longest: {longest} frames at {info.fps} "
+            f"fps); every chunk would be mostly padding. Use at most {longest}."
         )
 
 

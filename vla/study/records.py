@@ -32,7 +32,7 @@ RUNS_FILE = "runs.json"
 _RESTORE = "restore it (git checkout, or the newest runs.json.*.bak beside it) or move it aside"
 
 
-_REDO = "delete it to evaluate the run again"
+_REDO = "delete it: the next run of the study writes it again from the run folder (its evaluation, if eval_info.json is gone)"
 
 
 def _load(path: Path, what: str, fix: str = _RESTORE) -> Any:

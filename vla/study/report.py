@@ -16,8 +16,8 @@ from vla.io import atomic_write_text, save_figure
 from vla.provenance import provenance
 from vla.study.commands import identity
 from vla.study.records import FORMAT, RUNS_FILE, changes, legacy_identity, merged, read_runs, write_runs
-from vla.study.spec import MIN_SEEDS, Study, check_study
-from vla.study.stats import aggregate, compare
+from vla.study.spec import Study, check_study
+from vla.study.stats import MIN_SEEDS, aggregate, compare
 
 
 def cells(study: Study, runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -98,6 +98,7 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
         ]
         for p in pairs:
             pv = "n/a" if p["p_value"] is None else f"{p['p_value']:.3f}"
+            pv += " (Fisher, episodes: the seeds agree)" if "Fisher" in p["why"] else ""
             lines.append(
                 f"| {p['setting']} | {p['better']} | {p['worse']} | {100 * p['gap']:+.0f} pts | {pv} | "
                 f"{'no verdict (' + p['why'] + ')' if p['p_value'] is None else 'yes' if p['significant'] else 'no'} |"

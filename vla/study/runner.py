@@ -49,7 +49,8 @@ from vla.study.records import (
     read_runs,
     without_output_dir,
 )
-from vla.study.spec import MIN_SEEDS, Run, Study, read_eval_arguments
+from vla.study.spec import Run, Study, read_eval_arguments
+from vla.study.stats import MIN_SEEDS
 
 PAGES = ("README.md", "success.png")  # what vla study run writes beside runs.json
 
@@ -234,7 +235,7 @@ def execute(
         "tokenizer": run.tokenizer,
         "seed": run.seed,
         "overrides": list(run.overrides),
-        "identity": identity(study, run),
+        "identity": _read(place.identity) or identity(study, run),  # what it was started with, not the file now
         "successes": successes,
         "episode_seeds": seeds,
         **({"task_successes": per_task} if per_task else {}),

@@ -27,7 +27,6 @@ from typing import Any
 
 import yaml
 
-MIN_SEEDS = 3  # fewer gives a number, not a verdict: the runner warns
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeding take a 32-bit unsigned integer
 MAX_EPISODES = 100_000  # evaluation episodes per task and run
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")  # never "." or "..": a name is a folder under results/ and work/

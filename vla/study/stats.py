@@ -21,6 +21,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 Z95 = 1.959963984540054  # the normal quantile of 0.975
+MIN_SEEDS = 3  # training seeds a cell needs for a verdict: fewer gives a number, not a spread to test against
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -55,6 +56,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "min": float(rates.min()),
         "max": float(rates.max()),
         "episodes": episodes,  # pooled over seeds
+        "successes": wins,  # pooled over seeds
         "wilson95": [low, high],  # over the pooled episodes: the evaluation's noise only
         "run_wilson95": [list(wilson(int(np.sum(r["successes"])), len(r["successes"]))) for r in runs],
     }
@@ -62,15 +64,23 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def compare(a: dict[str, Any], b: dict[str, Any], alpha: float = 0.05) -> dict[str, Any]:
     """Is cell ``a``'s mean rate different from ``b``'s beyond the spread over training seeds? Welch's t-test over
-    the per-seed rates (the unit that varies between runs of a recipe is the training seed, not the episode)."""
+    the per-seed rates (the unit that varies between runs of a recipe is the training seed, not the episode); no
+    verdict with fewer than ``MIN_SEEDS`` seeds in a cell."""
     ra, rb = np.asarray(a["rates"], float), np.asarray(b["rates"], float)
     gap = float(ra.mean() - rb.mean())
-    if len(ra) < 2 or len(rb) < 2:
-        return {"gap": gap, "p_value": None, "significant": False, "why": "fewer than 2 seeds in a cell"}
+    if len(ra) < MIN_SEEDS or len(rb) < MIN_SEEDS:
+        return {"gap": gap, "p_value": None, "significant": False, "why": f"fewer than {MIN_SEEDS} seeds in a cell"}
     if np.ptp(np.concatenate([ra, rb])) == 0:
         return {"gap": 0.0, "p_value": 1.0, "significant": False, "why": "every seed has the same rate"}
-    if ra.std() == 0 and rb.std() == 0:  # two constant, different cells: the t statistic is infinite
-        return {"gap": gap, "p_value": 0.0, "significant": True, "why": "no spread in either cell"}
+    if ra.std() == 0 and rb.std() == 0:  # the seed noise unmeasured (t infinite): only the episodes' noise is left
+        table = [[a["successes"], a["episodes"] - a["successes"]], [b["successes"], b["episodes"] - b["successes"]]]
+        p = float(scipy_stats.fisher_exact(table).pvalue)
+        return {
+            "gap": gap,
+            "p_value": p,
+            "significant": bool(p < alpha),
+            "why": "every seed of each cell at one rate: Fisher's exact test over the pooled episodes",
+        }
     with warnings.catch_warnings():  # a cell whose seeds agree: scipy warns about precision, the test still holds
         warnings.simplefilter("ignore", RuntimeWarning)
         p = float(scipy_stats.ttest_ind(ra, rb, equal_var=False).pvalue)
