@@ -18,8 +18,9 @@ chunks' control points (their 99.9th percentile of ``|c|``, at least 1).
 Vocabulary: ``n_bins`` ids; every chunk is exactly ``N * D`` ids. Any in-range ids decode, and a clamped spline
 starts at its first and ends at its last control point, so decoded chunks are smooth by construction.
 Round trip: a chunk inside the spline space (``B @ c`` with ``c`` in [-bound, bound]) comes back within
-``bound / n_bins + max|encoder @ B - I|`` per value (half a bin per control point; the basis rows are non-negative
-and sum to 1; the second term is the ridge's bias, ~1e-5 by default). Other chunks are projected onto the space.
+``bound / n_bins + bound * max_i sum_j |(encoder @ B - I)_ij|`` per value (half a bin per control point; the basis
+rows are non-negative and sum to 1; the second term is the ridge's bias on control points within the bound, ~1e-5
+by default). Other chunks are projected onto the space.
 Control points outside ``[-bound, bound]`` are clipped to the edge bins, on the floats before the cast to ids, and
 counted (a huge value clips, never wraps). Failure mode: a sequence of the wrong length or with an id >= n_bins is
 invalid.

@@ -26,7 +26,8 @@ chunk (quantisation error at most 0.5 + deadzone per coefficient; the orthonorma
 Coefficients outside the fitted range ``[min_token, min_token + n_symbols)`` are clipped to it and counted. The clip
 is done on the floats, before any cast to integers, and values far outside (beyond ``value_limit(T)``, where a
 coefficient of theirs is out of range anyway) are first limited to it, so that the DCT can neither overflow nor
-spread its rounding noise over the other coefficients: a huge value decodes to the extreme of its sign, counted.
+spread its rounding noise over the other coefficients: a huge value's dimension decodes as its clipped coefficients
+spell it (valid, counted), and the other dimensions are unharmed.
 Failure mode: an id sequence that does not spell exactly ``T * D`` coefficients (or, byte-level, malformed
 UTF-8) is invalid; ``constraint(...)`` makes that impossible during generation.
 """
