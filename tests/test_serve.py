@@ -137,6 +137,8 @@ def test_codec_round_trip_and_bytes_equal_openpis():
         ({b"__ndarray__": True, b"data": b"\0" * 4, b"dtype": "<f4", b"shape": [1000, 1000]}, "needs 4000000 bytes"),
         ({b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [-1]}, "non-negative"),
         ({b"__npgeneric__": True, b"data": "x", b"dtype": "|O"}, "refused"),
+        ({b"__npgeneric__": True, b"data": 1000, b"dtype": "|u1"}, "does not fit its dtype"),  # numpy: OverflowError
+        ({b"__npgeneric__": True, b"data": -1, b"dtype": "<u8"}, "does not fit its dtype"),
     ],
 )
 def test_codec_refuses_what_could_run_code_or_lie_about_sizes(message, match):
@@ -479,6 +481,22 @@ def test_overlapped_requests_carry_the_actions_that_run_while_they_are_on_their_
     for mode, every in (("sync", None), ("overlapped", 2)):  # asked for where no actions are committed: refused
         with pytest.raises(ValueError, match=f"commit=True with mode '{mode}' and every = {every}.*commit=None"):
             ChunkExecutor([Recorder()] * 2, control_hz=200, commit=True, mode=mode, every=every)
+
+
+def test_a_server_refusing_the_first_request_is_asked_with_backoff_and_its_reason_is_said():
+    """An error reply on every request (a misnamed state key): the robot does not ask thousands of times a second,
+    and the timeout says the server's reason, not whether it is up."""
+    calls = []
+
+    def refusing(obs):
+        calls.append(time.perf_counter())
+        raise ServerError("the observation lacks 'observation.state'")
+
+    executor = ChunkExecutor(refusing, control_hz=200, first_chunk_timeout_s=0.6)
+    with pytest.raises(TimeoutError, match="no first chunk within 0.6 s .*lacks 'observation.state'"):
+        executor.act({"state": np.zeros(2, np.float32)})
+    executor.close()
+    assert 2 <= len(calls) <= 8  # 50, 100, 200, 400 ms apart
 
 
 def test_executor_asking_every_k_ticks_keeps_several_requests_on_their_way():

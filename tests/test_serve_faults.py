@@ -201,6 +201,28 @@ def test_garbage_is_answered_with_what_arrived_and_what_to_send():
 
 
 # --- one client's message cannot stall the others -----------------------------------------------------------------
+def test_an_observation_no_check_foresaw_is_answered_and_the_connection_kept(monkeypatch):
+    """A reader failure of a kind no check names (here a KeyError planted in the reader) is an error reply naming
+    it, never a dropped connection; the next observation is answered."""
+    server = PolicyServer(Stub(), ServeConfig(port=0))
+    real = server._read
+
+    def failing(message, history):
+        if unpackb(message)["prompt"] == "fail":
+            raise KeyError("planted")
+        return real(message, history)
+
+    monkeypatch.setattr(server, "_read", failing)
+    with server.start_in_thread() as handle:
+        ws = connect(handle.port)
+        ws.send(packb(obs(np.zeros(S, np.float32), prompt="fail")))
+        reply = ws.recv(timeout=10)
+        assert isinstance(reply, str) and "the observation could not be read (KeyError: 'planted')" in reply
+        ws.send(packb(obs(np.full(S, 3.0, np.float32))))
+        assert unpackb(ws.recv(timeout=10))["actions"][0, 0] == 3.0
+        ws.close()
+
+
 def test_a_map_of_600000_keys_is_refused_at_its_header_and_the_other_client_is_answered():
     """600,000 keys in 7.5 MB (under the 8 MiB limit) took the event loop 0.8 s a message: an 80 Hz robot's p50
     went from 8 ms to 790 ms. The map's size is refused from its header, before any key is read."""

@@ -153,7 +153,13 @@ def _object_hook(m: dict) -> Any:
         value = _get(m, "data")
         if not isinstance(value, (bool, int, float)):
             raise DecodeError(f"a numpy scalar's data must be a number, got {type(value).__name__}")
-        return dtype.type(value)
+        try:
+            return dtype.type(value)
+        except (OverflowError, ValueError, TypeError) as err:  # 1000 as uint8, -1 as uint64
+            raise DecodeError(
+                f"a numpy scalar's data {value!r} does not fit its dtype {dtype.str} ({err}); send a value the dtype "
+                "holds"
+            ) from None
     return m
 
 

@@ -49,6 +49,8 @@ from vla.execution import (  # plain Python: the robot side still needs no torch
 from vla.serve.client import STATE_KEYS, PolicyClient
 
 logger = logging.getLogger(__name__)
+# An episode's first chunk: after a failed request, wait this long before asking again, doubling up to the most.
+FIRST_RETRY_S, FIRST_RETRY_MAX_S = 0.05, 1.0
 
 
 class Rate:
@@ -189,6 +191,7 @@ class ChunkExecutor:
             # number); an older one never replaces a newer one, and with ensemble each joins the blend
             self._arrived: list[tuple[np.ndarray, int, int]] = []
             self._asked = self._adopted = 0  # requests sent, and the number of the one adopted, this episode
+            self._failure: str | None = None  # why the last request failed, said if the first chunk never comes
         self._inflight: list[concurrent.futures.Future] = []
         self._since = 0  # ticks since the last request
         self._chunk: np.ndarray | None = None
@@ -209,15 +212,22 @@ class ChunkExecutor:
         if self._last is None and self._chunk is None:  # episode start: nothing to hold, wait for the first chunk
             start = time.perf_counter()
             deadline = start + self.first_chunk_timeout_s
+            failed = 0  # requests in a row that came back without a chunk
             while self._chunk is None and time.perf_counter() < deadline:
                 if not self._inflight:
+                    if failed:  # a server that refuses every request is not asked thousands of times a second
+                        pause = min(FIRST_RETRY_S * 2 ** (failed - 1), FIRST_RETRY_MAX_S)
+                        time.sleep(min(pause, max(deadline - time.perf_counter(), 0)))
                     self._request(obs)
                 wait = max(deadline - time.perf_counter(), 0)
                 concurrent.futures.wait(self._inflight, timeout=wait, return_when=concurrent.futures.FIRST_COMPLETED)
                 self._adopt(fresh_start=True)
+                failed += self._chunk is None and not self._inflight
             self.stats.first_wait_ms.append((time.perf_counter() - start) * 1000)
             if self._chunk is None:
-                raise TimeoutError(f"no first chunk within {self.first_chunk_timeout_s} s (is the server up?)")
+                with self._lock:
+                    why = f"the last request failed: {self._failure}" if self._failure else "is the server up?"
+                raise TimeoutError(f"no first chunk within {self.first_chunk_timeout_s} s ({why})")
         left = self._left()
         if self._asks(left):
             if self.commit and left > 0:  # this tick's action and the rest run while the reply is on its way
@@ -309,6 +319,9 @@ class ChunkExecutor:
         except Exception as err:  # noqa: BLE001 - counted; the robot holds its last action and asks again
             self.stats.errors += 1
             logger.warning("chunk request failed: %s", err)
+            with self._lock:
+                if epoch == self._epoch:
+                    self._failure = str(err) or type(err).__name__
             return
         finally:
             self._free.put(infer)

@@ -178,9 +178,10 @@ class PolicyServer:
         try:
             actions, valid, tokens = await loop.run_in_executor(self._pool, self._predict, [p.item for p in batch])
         except Exception as err:  # noqa: BLE001 - any failure is reported to its requests, never kills the worker
-            if len(batch) > 1:  # isolate the observation that fails
+            if len(batch) > 1:  # isolate the observation that fails (not those whose clients stopped waiting)
                 for p in batch:
-                    await self._run_batch([p])
+                    if not p.future.done():
+                        await self._run_batch([p])
                 return
             logger.warning("inference failed: %s", err)
             if not batch[0].future.done():
@@ -334,6 +335,14 @@ class PolicyServer:
             item = await asyncio.get_running_loop().run_in_executor(self._readers, self._read, message, history)
         except DecodeError as err:
             raise RequestError(str(err)) from None
+        except RequestError:
+            raise
+        except Exception as err:  # noqa: BLE001 - an observation no check foresaw: said to its sender, not a dropped link
+            logger.warning("an observation could not be read: %r", err)
+            raise RequestError(
+                f"the observation could not be read ({type(err).__name__}: {err}); check it against the metadata's "
+                "'observation' entry"
+            ) from None
         future = asyncio.get_running_loop().create_future()
         try:
             self._queue.put_nowait(Pending(item, future, time.perf_counter()))
