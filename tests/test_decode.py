@@ -247,14 +247,16 @@ def test_lean_sampling_equals_transformers_path(name):
     assert torch.equal(run(), run(use_cache=False))
 
 
-@pytest.mark.parametrize("lean", [True, False])
-def test_nan_logits_make_a_chunk_invalid_never_valid(lean):
-    """A diverged model (NaN weights): the constraint still makes well-formed ids, but every chunk is invalid."""
+@pytest.mark.parametrize(("lean", "temperature"), [(True, 0.0), (False, 0.0), (True, 1.0)])
+def test_nan_logits_make_a_chunk_invalid_never_valid(lean, temperature):
+    """A diverged model (NaN weights): the constraint still makes well-formed ids, but every chunk is invalid; a
+    sampled decode (a commit search samples at temperature 1) too, rather than an id the constraint refuses."""
     tok, vocab, model, layout = setup_for("fast")
     with torch.no_grad():
         model.backbone.lm_head.weight.fill_(float("nan"))
     prompt = layout.build_prefix(["push"] * 2, np.zeros((2, 2)))
-    gen = generate(model, prompt, vocab=vocab, constraint=VocabConstraint(tok.constraint(T, D), vocab), lean=lean)
+    constraint = VocabConstraint(tok.constraint(T, D), vocab)
+    gen = generate(model, prompt, vocab=vocab, constraint=constraint, lean=lean, temperature=temperature)
     assert not gen.valid.any() and all("NaN or inf" in e for e in gen.errors)
     assert not gen.decode(tok, T, D).valid.any()
 

@@ -291,6 +291,17 @@ def test_invalid_decodes_fall_back_and_are_counted(caplog):
     assert torch.allclose(chunk, zero.expand(2, T, D))
     assert policy.decode_stats.invalid == 2 and policy.decode_stats.fallback_zero == 2
     assert not policy.last_decode_info.valid.any() and "did not decode" in caplog.text
+    assert "'chunks': 2, 'invalid': 2" in caplog.text  # the warning's counts include this call's chunks
+    # relative dimensions fall back to the middle step added to the observation's state, not the step alone
+    relative = [True] + [False] * (D - 1)
+    rel = make_policy(
+        "bin", constrained=False, max_action_tokens=2, relative_actions=relative, action_state_dims=[0, 1, 2]
+    )
+    chunk = rel.predict_action_chunk(batch)
+    middle = torch.as_tensor(rel.action_normalizer.unnormalize(np.zeros(D)), dtype=torch.float32)
+    state = torch.as_tensor(batch["observation.state"], dtype=torch.float32)
+    torch.testing.assert_close(chunk[:, :, 0], (middle[0] + state[:, 0])[:, None].expand(2, T))
+    torch.testing.assert_close(chunk[:, :, 1:], middle[1:].expand(2, T, D - 1))
     policy._previous_action = torch.ones(2, D)  # as if select_action had executed an action
     chunk = policy.predict_action_chunk(batch)
     assert torch.equal(chunk, torch.ones(2, T, D)) and policy.decode_stats.fallback_previous == 2

@@ -96,7 +96,11 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: to
     device = generator.device if generator is not None else probs.device
     u = torch.rand(len(probs), 1, generator=generator, device=device).to(probs.device) * cdf[:, -1:]
     picked = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # first id whose cdf exceeds u: never a 0-prob id
-    return picked.clamp(max=probs.shape[-1] - 1)
+    picked = picked.clamp(max=probs.shape[-1] - 1)
+    # A row whose logits held NaN or inf has no distribution (the caller marks it invalid), and a cumulative sum
+    # rounded unevenly could land on a 0-probability id: either takes the greedy id, which the mask allows.
+    fallback = ~torch.isfinite(cdf[:, -1]) | (probs.gather(1, picked[:, None]).squeeze(1) <= 0)
+    return torch.where(fallback, logits.argmax(dim=-1), picked)
 
 
 @torch.inference_mode()

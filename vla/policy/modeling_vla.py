@@ -345,8 +345,8 @@ class VLAPolicy(PreTrainedPolicy):
         if COMMITTED in batch and searched and any(len(c) for c in batch[COMMITTED]):
             gen, out = self._search(batch, gen, out, generator)
         chunks = torch.as_tensor(np.where(np.isfinite(out[ACTION]), out[ACTION], 0.0), dtype=torch.float32)
-        self._fall_back(chunks, out["valid"], out["errors"])
         self.decode_stats.chunks += len(chunks)
+        self._fall_back(chunks, out["valid"], out["errors"], batch)
         self.decode_stats.tokens += int(gen.tokens_per_chunk[out["valid"]].sum())
         self.last_decode_info = DecodeInfo(
             valid=out["valid"],
@@ -428,21 +428,24 @@ class VLAPolicy(PreTrainedPolicy):
         }
         return dataclasses.replace(gen, ids=[candidates[k][0][r] for r, k in index], steps=steps), chosen
 
-    def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None]) -> None:
-        """Replace invalid chunks in place: previous action repeated, else the normalised zero action. Counted."""
+    def _fall_back(self, chunks: torch.Tensor, valid: np.ndarray, errors: list[str | None], batch) -> None:
+        """Replace invalid chunks in place: previous action repeated, else the normalised zero action (the middle of
+        the data's range; on relative dimensions the middle step, added to the observation's state). Counted."""
         bad = np.flatnonzero(~valid)
         if not len(bad):
             return
-        zero = np.zeros(self.config.action_dim)  # the middle of the data's range, normalised
-        zero = torch.as_tensor(self.action_normalizer.unnormalize(zero), dtype=torch.float32)
-        previous = self._previous_action
+        previous, zero = self._previous_action, None
         for i in bad:
             if previous is not None and len(previous) == len(chunks):
                 chunks[i] = previous[i].cpu()
                 self.decode_stats.fallback_previous += 1
-            else:
-                chunks[i] = zero
-                self.decode_stats.fallback_zero += 1
+                continue
+            if zero is None:  # the zero chunk through the outputs after detokenizing: unnormalised, made absolute
+                raw_state = {OBS_STATE: batch[OBS_STATE]} if OBS_STATE in batch else {}
+                zeros = np.zeros((len(chunks), self.config.time_horizon, self.config.action_dim))
+                zero = run(self.pipeline.outputs[1:], {ACTION: zeros, **raw_state})[ACTION]
+            chunks[i] = torch.as_tensor(zero[i], dtype=torch.float32)
+            self.decode_stats.fallback_zero += 1
         self.decode_stats.invalid += len(bad)
         logger.warning(
             "%d of %d chunks did not decode (first: %s); fell back to the previous/zero action. decode_stats: %s",
