@@ -98,28 +98,7 @@ class VLAPolicy(PreTrainedPolicy):
     ):
         super().__init__(config)
         self._set_parts(action_tokenizer, action_normalizer, state_normalizer, dataset_stats, dataset_meta)
-        if config.decoding == AUTO:  # chosen by the tokenizer (vla train chose and said it already)
-            config.decoding = chosen_decoding(self.action_tokenizer.name)[0]
-            config.check_num_beams(config.num_beams)
-        self._resolve_dims()
-        scale = config.state_delta_scale
-        if scale is not None and len(scale) != config.state_dim:
-            raise ValueError(
-                f"VLAConfig.state_delta_scale has {len(scale)} values for a {config.state_dim}-D state; "
-                "give one per state dim or None (vla train fits it)"
-            )
-        config.validate_features()
-        if config.commit_condition > config.time_horizon:
-            raise ValueError(
-                f"VLAConfig.commit_condition = {config.commit_condition} is more actions than a chunk's "
-                f"{config.time_horizon}: use at most time_horizon"
-            )
-        if config.commit_condition and not config.state_dim:
-            raise ValueError(
-                f"VLAConfig.commit_condition = {config.commit_condition} shows committed actions beside the state, "
-                "but this policy reads no state (state_dim 0); use commit_condition=0 (committed actions are then "
-                "forced or searched for)"
-            )
+        self._settle_config()
         constraint = self.action_tokenizer.constraint(time_horizon=config.time_horizon, action_dim=config.action_dim)
         slots = self._query_slots(constraint)
         self.vocab = self._vocabulary(text_tokenizer_dir)
@@ -206,6 +185,33 @@ class VLAPolicy(PreTrainedPolicy):
         self.action_tokenizer = action_tokenizer
         self.action_normalizer = action_normalizer
         self.state_normalizer = state_normalizer
+
+    def _settle_config(self) -> None:
+        """What the config leaves to the parts, filled from them (the decoding ``auto`` chooses, the dimensions), and
+        the settings only the parts can check."""
+        config = self.config
+        if config.decoding == AUTO:  # chosen by the tokenizer (vla train chose and said it already)
+            config.decoding = chosen_decoding(self.action_tokenizer.name)[0]
+            config.check_num_beams(config.num_beams)
+        self._resolve_dims()
+        scale = config.state_delta_scale
+        if scale is not None and len(scale) != config.state_dim:
+            raise ValueError(
+                f"VLAConfig.state_delta_scale has {len(scale)} values for a {config.state_dim}-D state; "
+                "give one per state dim or None (vla train fits it)"
+            )
+        config.validate_features()
+        if config.commit_condition > config.time_horizon:
+            raise ValueError(
+                f"VLAConfig.commit_condition = {config.commit_condition} is more actions than a chunk's "
+                f"{config.time_horizon}: use at most time_horizon"
+            )
+        if config.commit_condition and not config.state_dim:
+            raise ValueError(
+                f"VLAConfig.commit_condition = {config.commit_condition} shows committed actions beside the state, "
+                "but this policy reads no state (state_dim 0); use commit_condition=0 (committed actions are then "
+                "forced or searched for)"
+            )
 
     def _query_slots(self, constraint) -> int:
         """Parallel decoding's query slots, one per id (the chunk's length must be known before decoding); 0 for
