@@ -3,7 +3,7 @@
 
     with atomic_directory("outputs/x/policy") as tmp:   # a hidden sibling, renamed into place on success
         write_json(tmp / "config.json", {...})
-    atomic_write_text(path, text)                       # one file through a temporary name
+    atomic_write_text(path, text)                       # one file through a temporary name (atomic_file: any)
     save_figure(fig, path)                              # a plot the same way, and the figure closed
     config = read_json(path, "checkpoint", format_version=1)   # a clear error for missing/corrupt/other version
 
@@ -14,13 +14,12 @@ without depending on ``vla``; this module is the one place ``vla`` takes them fr
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from action_tokenizers.io import atomic_directory, atomic_write_text, read_json, write_json
+from action_tokenizers.io import atomic_directory, atomic_file, atomic_write_text, read_json, write_json
 
-__all__ = ["atomic_directory", "atomic_write_text", "read_json", "save_figure", "write_json"]
+__all__ = ["atomic_directory", "atomic_file", "atomic_write_text", "read_json", "save_figure", "write_json"]
 
 
 def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 120) -> None:
@@ -28,16 +27,8 @@ def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 120) -> None:
     directory, then rename it into place, and close the figure."""
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=dpi)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_file(path, "wb") as f:
+            fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=dpi)
     finally:
         plt.close(fig)

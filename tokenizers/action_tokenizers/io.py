@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -125,19 +125,27 @@ def atomic_directory(directory: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file through a temporary name in the same directory, then rename it into place."""
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """Yield a file open at a temporary name in ``path``'s directory; on success it is renamed to ``path``, on an
+    exception removed (an existing ``path`` untouched)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            yield f
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file through a temporary name in the same directory, then rename it into place."""
+    with atomic_file(path) as f:
+        f.write(text)
 
 
 def _umask() -> int:
