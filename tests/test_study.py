@@ -73,7 +73,7 @@ def test_cells_whose_seeds_agree_are_compared_over_their_episodes():
         return aggregate([{"seed": s, "successes": [True] * k + [False] * (n - k)} for s in range(3)])
 
     near = compare(cell(50), cell(49))
-    assert not near["significant"] and near["p_value"] > 0.2 and "Fisher" in near["why"]  # 150 / 150 against 147 / 150
+    assert not near["significant"] and near["p_value"] > 0.2 and near["test"] == "fisher"  # 150 / 150 against 147 / 150
     far = compare(cell(50), cell(0))
     assert far["significant"] and far["p_value"] < 1e-6
 

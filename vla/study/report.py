@@ -98,7 +98,7 @@ def markdown(study: Study, table: dict, pairs: list[dict], runs: list[dict[str, 
         ]
         for p in pairs:
             pv = "n/a" if p["p_value"] is None else f"{p['p_value']:.3f}"
-            pv += " (Fisher, episodes: the seeds agree)" if "Fisher" in p["why"] else ""
+            pv += " (Fisher, episodes: the seeds agree)" if p.get("test") == "fisher" else ""
             lines.append(
                 f"| {p['setting']} | {p['better']} | {p['worse']} | {100 * p['gap']:+.0f} pts | {pv} | "
                 f"{'no verdict (' + p['why'] + ')' if p['p_value'] is None else 'yes' if p['significant'] else 'no'} |"

@@ -80,6 +80,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], alpha: float = 0.05) -> dict[s
             "p_value": p,
             "significant": bool(p < alpha),
             "why": "every seed of each cell at one rate: Fisher's exact test over the pooled episodes",
+            "test": "fisher",
         }
     with warnings.catch_warnings():  # a cell whose seeds agree: scipy warns about precision, the test still holds
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -89,4 +90,5 @@ def compare(a: dict[str, Any], b: dict[str, Any], alpha: float = 0.05) -> dict[s
         "p_value": p,
         "significant": bool(p < alpha),
         "why": f"Welch's t-test over seeds, alpha {alpha}",
+        "test": "welch",
     }
