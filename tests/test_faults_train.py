@@ -75,6 +75,51 @@ def test_resume_accepts_its_own_paths_spelled_differently(tiny_dataset_root, tmp
     assert snapshot(run) == before
 
 
+def test_resume_refuses_a_dataset_recorded_again_in_the_same_folder(tiny_dataset_root, tmp_path, capsys):
+    """The same path with other data (re-recorded, extended) would mix two datasets under the first one's
+    normalisation: refused, the folder untouched, and the way out (a fine-tune from the checkpoint) works."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_dataset_root, data)
+    run = tmp_path / "run"
+    assert main(vla_train(data, run, 2)) == 0
+    assert json.loads((run / "dataset.json").read_text())["sha256"]  # the run names the data it trained on
+    assert main(vla_train(data, run, 4, "--resume=true")) == 0  # the same data: resumed
+
+    parquet = next((data / "data").rglob("*.parquet"))  # recorded again: other actions, same path and layout
+    table = pq.read_table(parquet)
+    column = table.column_names.index("action")
+    halved = pa.array([[0.5 * a for a in row] for row in table.column(column).to_pylist()], table.schema[column].type)
+    pq.write_table(table.set_column(column, table.schema[column], halved), parquet)
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(vla_train(data, run, 6, "--resume=true")) == 1
+    err = one_line_error(capsys, "train")
+    assert f"the dataset at {data} is not the one this run started on: its files changed" in err
+    assert f"--policy.path={run / CHECKPOINTS / 'step_0000004' / 'policy'}" in err  # the advice, tried below
+    assert snapshot(run) == before
+    checkpoint_policy = run / CHECKPOINTS / "step_0000004" / "policy"
+    tune = ["--steps=2", "--heldout_episodes=0", "--batch_size=4", "--progress=false"]  # the policy's own settings
+    assert (
+        main(
+            [
+                "train",
+                f"--dataset_root={data}",
+                f"--output_dir={tmp_path / 'tuned'}",
+                *tune,
+                f"--policy.path={checkpoint_policy}",
+            ]
+        )
+        == 0
+    )
+
+    (run / "dataset.json").unlink()  # a run made before runs kept a fingerprint: not checked
+    assert main(vla_train(data, run, 6, "--resume=true")) == 0
+    assert (run / "dataset.json").is_file()
+
+
 # --- 2. saved policy folders ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def saved_policy(tiny_dataset_root, tmp_path_factory):
@@ -212,7 +257,10 @@ def test_ctrl_c_says_where_the_run_stands_and_the_advice_works(tiny_dataset_root
     calls.update(n=0, stop_at=0)
     assert main(vla_train(tiny_dataset_root, fresh, 6)) == 0
     out = capsys.readouterr().out
-    assert f"{fresh} holds a run that saved no checkpoint (train_config.json, metrics.jsonl): starting it again" in out
+    assert (
+        f"{fresh} holds a run that saved no checkpoint (train_config.json, dataset.json, metrics.jsonl): starting it again"
+        in out
+    )
 
 
 def test_a_run_that_diverged_before_its_first_checkpoint_starts_again_in_place(tiny_dataset_root, tmp_path, capsys):

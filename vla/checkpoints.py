@@ -2,6 +2,7 @@
 
     run/
       train_config.json        the run's config, written once the run is accepted (fresh, or a matching resume)
+      dataset.json             the fingerprint of the data it trains on (``vla.provenance.dataset_fingerprint``)
       metrics.jsonl            one row per logged step, never repeated (a resume drops the rows past its checkpoint)
       checkpoints/step_*/      policy, optimiser, EMA and random state; the newest ``keep_last`` are kept
       checkpoints/last.json    which checkpoint is the newest
@@ -15,7 +16,8 @@ evaluation.
 ``prepare_run`` is called before any work: it checks that ``output_dir`` can be written; a fresh start refuses a
 folder that already holds a run (unless told to overwrite it), but starts again in place a run that saved nothing to
 resume from (stopped or diverged before its first checkpoint); a resume names the checkpoint and step it continues
-from and refuses settings that cannot change mid-run (paths compared as the folders they name); and debris left by a
+from and refuses settings that cannot change mid-run (paths compared as the folders they name) and a dataset whose
+files changed since the run started (re-recorded or extended: the two would mix); and debris left by a
 killed save (``.NAME.tmp-*`` / ``.NAME.old-*`` folders) is removed. A save that meets a full disk stops with one line
 naming the folder, the space it needs and the fix (``no_space``); nothing half-written stays.
 """
@@ -149,10 +151,19 @@ def remove_debris(run: Path) -> list[Path]:
     return found
 
 
-def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: bool, log=print) -> Path | None:
+def prepare_run(
+    run: Path,
+    encoded: dict[str, Any],
+    *,
+    resume: bool,
+    overwrite: bool,
+    dataset: dict[str, Any] | None = None,
+    log=print,
+) -> Path | None:
     """Check the run folder before any work; returns the checkpoint to resume from (None for a fresh start).
 
-    ``encoded`` is the new config as draccus writes it. Nothing in the folder changes if this raises.
+    ``encoded`` is the new config as draccus writes it; ``dataset`` the fingerprint of the data it names now, checked
+    on a resume against the one the run recorded. Nothing in the folder changes if this raises.
     """
     if resume and overwrite:
         raise ValueError("--resume=true and --overwrite=true contradict each other; choose one")
@@ -185,6 +196,7 @@ def prepare_run(run: Path, encoded: dict[str, Any], *, resume: bool, overwrite: 
             )
         raise ValueError(f"--resume=true but {run / CHECKPOINTS} holds no checkpoint; drop --resume to start fresh")
     _check_unchanged(run, encoded)
+    _check_same_data(run, checkpoint, encoded.get("dataset_root"), dataset)
     for path in remove_debris(run):
         log(f"removed {path.name}, left by an interrupted save")
     step = read_json(checkpoint / TRAINER_STATE, "checkpoint")["step"]
@@ -219,6 +231,24 @@ def _check_unchanged(run: Path, encoded: dict[str, Any]) -> None:
         raise ValueError(
             f"--resume=true with settings that cannot change mid-run ({detail}); resume with the "
             f"run's own settings (see {run / CONFIG}), or start a new run in another --output_dir"
+        )
+
+
+def _check_same_data(run: Path, checkpoint: Path, root: Any, dataset: dict[str, Any] | None) -> None:
+    """Refuse a resume on data other than the run's own: the same folder re-recorded or extended would mix two
+    datasets in one run (its normalisation, tokenizer and split come from the first). A run that recorded no
+    fingerprint (made before runs kept one) is not checked."""
+    saved = RunFolder(run).dataset
+    if dataset is None or not saved.is_file():
+        return
+    before = read_json(saved, "the run's dataset fingerprint")
+    if before.get("sha256") != dataset.get("sha256"):
+        raise ValueError(
+            f"--resume=true but the dataset at {root} is not the one this run started on: its files changed "
+            f"({before.get('files')} files, sha256 {str(before.get('sha256'))[:12]}... then; {dataset.get('files')} "
+            f"files, sha256 {str(dataset.get('sha256'))[:12]}... now), so a resume would train on two datasets "
+            "under the first one's normalisation, tokenizer and split. Train a new run in another --output_dir, or "
+            f"fine-tune the last checkpoint's weights on the new data with --policy.path={checkpoint / POLICY}"
         )
 
 

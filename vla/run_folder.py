@@ -17,6 +17,7 @@ TRAINER_STATE = (
     "trainer_state.json"  # in a checkpoint: its step and optimiser layout; written last, so it marks a whole one
 )
 CONFIG = "train_config.json"
+DATASET = "dataset.json"  # the fingerprint of the data the run trains on: a resume refuses other data
 METRICS = "metrics.jsonl"
 POLICY = "policy"
 LOSS_PLOT = "loss.png"
@@ -27,6 +28,7 @@ EVAL_INFO = "eval_info.json"  # what `vla eval --out DIR` writes into DIR (a stu
 RUN_FILES = (
     CHECKPOINTS,
     CONFIG,
+    DATASET,
     METRICS,
     POLICY,
     LOSS_PLOT,
@@ -50,6 +52,10 @@ class RunFolder:
     @property
     def config(self) -> Path:
         return self.path / CONFIG
+
+    @property
+    def dataset(self) -> Path:
+        return self.path / DATASET
 
     @property
     def metrics(self) -> Path:

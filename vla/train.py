@@ -43,6 +43,7 @@ from vla.io import atomic_write_text, save_figure, write_json
 from vla.policy import VLAPolicy
 from vla.policy.factory import build_policy, check_finetuning
 from vla.policy.pipeline import Collate
+from vla.provenance import dataset_fingerprint
 from vla.run_folder import POLICY, RunFolder
 
 
@@ -204,7 +205,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     accelerator = make_accelerator(cfg)
     cfg, info, train_eps, heldout_eps = resolve(cfg, accelerator)
     run = RunFolder(cfg.output_dir)
-    encoded, resume_from = start_run(run, cfg, accelerator)
+    encoded, resume_from, fingerprint = start_run(run, cfg, accelerator)
     torch.manual_seed(cfg.seed)
     policy = VLAPolicy.from_pretrained(resume_from / POLICY) if resume_from else build_policy(cfg, info, train_eps)
     policy.train()
@@ -219,6 +220,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     if accelerator.is_main_process:  # accepted (fresh, or a resume with the run's own settings): recorded
         run.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.config, json.dumps(encoded, indent=2, default=str) + "\n")
+        write_json(run.dataset, fingerprint)  # the data it trains on: a resume must find the same
         if heldout_eps:  # a fixed subset of held-out chunks, read once, measured by the main process
             heldout = Heldout.build(
                 info, heldout_eps, train_eps, accelerator.unwrap_model(policy).config, cfg.eval_chunks
@@ -341,17 +343,21 @@ def resolve(cfg: TrainConfig, accelerator) -> tuple[TrainConfig, Any, list[int],
     return cfg, info, train_eps, heldout_eps
 
 
-def start_run(run: RunFolder, cfg: TrainConfig, accelerator) -> tuple[dict[str, Any], Path | None]:
-    """The config as the run folder keeps it, and the checkpoint to resume from (None for a fresh start); the folder
-    is checked (one run per folder) by the main process before any work."""
+def start_run(run: RunFolder, cfg: TrainConfig, accelerator) -> tuple[dict[str, Any], Path | None, dict | None]:
+    """The config as the run folder keeps it, the checkpoint to resume from (None for a fresh start) and the
+    fingerprint of the dataset (None off the main process); the folder is checked (one run per folder, a resume on
+    its own data) by the main process before any work."""
     encoded = draccus.encode(cfg)
-    resume_from = None
+    resume_from, dataset = None, None
     if accelerator.is_main_process:
-        resume_from = prepare_run(run.path, encoded, resume=cfg.resume, overwrite=cfg.overwrite, log=print)
+        dataset = dataset_fingerprint(cfg.dataset_root)
+        resume_from = prepare_run(
+            run.path, encoded, resume=cfg.resume, overwrite=cfg.overwrite, dataset=dataset, log=print
+        )
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         resume_from = latest_checkpoint(run.path) if cfg.resume else None
-    return encoded, resume_from
+    return encoded, resume_from, dataset
 
 
 def say_choices(policy: VLAPolicy, encoded: dict[str, Any], accelerator) -> None:
