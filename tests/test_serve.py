@@ -398,6 +398,63 @@ def test_client_reconnects_after_a_server_restart():
         restarted.stop()
 
 
+def deaf_server(stop: threading.Event) -> tuple[int, threading.Thread]:
+    """A websocket server that accepts one client, sends its metadata and never reads again (a stopped process
+    whose socket stays open): what the client sends piles up in the kernel's buffers, then blocks."""
+    import base64
+    import hashlib
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run():
+        conn, _ = listener.accept()
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += conn.recv(4096)
+        key = re.search(rb"Sec-WebSocket-Key: (\S+)", request, re.IGNORECASE).group(1)
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+        )
+        metadata = packb({})
+        conn.sendall(bytes([0x82, len(metadata)]) + metadata)  # one unmasked binary frame
+        stop.wait()
+        conn.close()
+        listener.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+def test_a_send_to_a_server_that_stopped_reading_times_out():
+    """Before, the send blocked until TCP gave up (minutes); now it is bounded like the reply."""
+    stop, outcome = threading.Event(), {}
+    port, server = deaf_server(stop)
+    client = PolicyClient("127.0.0.1", port, timeout_s=0.5)
+    big = {"observation/image": np.zeros((64, 1024, 1024), np.uint8)}  # 64 MiB: more than any socket buffer
+
+    def infer():
+        try:
+            client.infer(big)
+        except Exception as err:  # noqa: BLE001 - what the call raised is the outcome
+            outcome["error"] = err
+
+    caller = threading.Thread(target=infer, daemon=True)
+    caller.start()
+    caller.join(60)  # a guard against hanging the suite, not a timing: the send is bounded by 0.5 s
+    stop.set()
+    assert not caller.is_alive(), "the send still blocks on a server that stopped reading"
+    assert isinstance(outcome.get("error"), TimeoutError)
+    assert f"could not send to ws://127.0.0.1:{port} within 0.5 s: the server takes no more data" in str(
+        outcome["error"]
+    )
+    server.join(5)
+    client.close()
+
+
 # --- the robot side -----------------------------------------------------------------------------------------------
 class TickPolicy:
     """A local ``infer``: the chunk for an observation taken at tick ``t`` is ``[t, t + 1, ...]`` (action ``i`` is

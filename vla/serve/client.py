@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import socket
+import struct
+import sys
 import threading
 import time
 from typing import Any
@@ -38,6 +41,16 @@ _CONNECT_EXTRAS = {
 STATE_KEYS = ("observation.state", "observation/state", "state")  # where a state may be, as the server reads it
 
 
+def bound_sends(sock: socket.socket, seconds: float) -> None:
+    """A send that the peer does not take within ``seconds`` fails with ``BlockingIOError`` (``SO_SNDTIMEO``, which
+    bounds sends only: the connection's reader thread still waits on receive as before). Windows spells the option's
+    value another way; there sends stay unbounded."""
+    if sys.platform == "win32" or not hasattr(socket, "SO_SNDTIMEO"):
+        return
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+
+
 class ServerError(RuntimeError):
     """The server answered a request with an error reply (the connection is still usable)."""
 
@@ -50,7 +63,8 @@ class PolicyClient:
     If the connection drops (a server restart), the next ``infer`` reconnects, waiting up to ``reconnect_timeout_s``,
     and sends the observation again; an error reply raises ``ServerError``; no reply within ``timeout_s`` raises
     ``TimeoutError`` (and the connection is renewed, so a late reply can never be read as the answer to a later
-    request).
+    request). Sending is bounded by ``timeout_s`` too (on Linux and macOS): an observation that a server which
+    stopped reading cannot take raises ``TimeoutError`` instead of blocking until TCP gives up (minutes).
     """
 
     def __init__(
@@ -90,6 +104,7 @@ class PolicyClient:
         while True:
             try:
                 ws = connect(self.uri, **options)
+                bound_sends(ws.socket, self.timeout_s)
                 self.metadata = unpackb(ws.recv(timeout=self.timeout_s))
                 self._ws = ws
                 return
@@ -126,6 +141,11 @@ class PolicyClient:
                 raise TimeoutError(f"no reply from {self.uri} within {self.timeout_s} s") from None
             except (ConnectionClosed, OSError) as err:
                 self._drop()
+                if isinstance(err.__cause__, (BlockingIOError, TimeoutError)):  # bound_sends ran out
+                    raise TimeoutError(
+                        f"could not send to {self.uri} within {self.timeout_s} s: the server takes no more data "
+                        "(stopped, or the network is down)"
+                    ) from None
                 if attempt:
                     raise ConnectionError(f"lost the connection to {self.uri} twice: {err}") from None
                 continue
