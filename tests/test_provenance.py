@@ -1,6 +1,7 @@
 """Every results file says what produced it; the fingerprint tells datasets apart."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -91,6 +92,8 @@ def test_the_command_names_no_machine_folder(tmp_path):
     )
     console = [str(Path(sys.prefix, "bin", "vla")), "train", f"--dataset_root={here / 'data'}"]
     assert portable_command(console, tmp_path / "elsewhere") == ["vla", "train", "--dataset_root=../vla/data"]
+    relative = [os.path.relpath(console[0], tmp_path), "train"]  # the environment's program, reached from beside it
+    assert relative[0].startswith("..") and portable_command(relative, tmp_path) == ["vla", "train"]
 
 
 def test_dirty_means_code_changed_not_results_or_pages(tmp_path):

@@ -129,7 +129,7 @@ def portable_command(argv: list[str], cwd: str | Path | None = None) -> list[str
     base = Path(cwd) if cwd is not None else Path.cwd()
     argv = list(map(str, argv))
     scripts = Path(sys.prefix, "bin").resolve()
-    if argv and os.path.isabs(argv[0]) and Path(argv[0]).parent.resolve() == scripts:
+    if argv and os.sep in argv[0] and Path(base, argv[0]).parent.resolve() == scripts:  # ../env/bin/vla too
         argv[0] = Path(argv[0]).name
     out = []
     for arg in argv:
