@@ -157,7 +157,8 @@ def plot(study: Study, table: dict, path: Path) -> None:
     ax.set_xticklabels([t if len(study.settings) == 1 else f"{s}\n{t}" for s, t in keys], fontsize=8)
     ax.set_ylim(0, 105)
     ax.set_ylabel("success (%)")
-    ax.set_title(f"{study.name}: mean over seeds (bar), std (black), seeds (dots), Wilson 95% (grey)", fontsize=8)
+    legend = "mean over seeds (bar), std (blue), seeds (dots),\nWilson 95% over the episodes (grey)"
+    ax.set_title(f"{study.name}\n{legend}", fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
 
