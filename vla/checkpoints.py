@@ -157,12 +157,12 @@ def prepare_run(
     *,
     resume: bool,
     overwrite: bool,
-    dataset: dict[str, Any] | None = None,
+    fingerprint: dict[str, Any] | None = None,
     log=print,
 ) -> Path | None:
     """Check the run folder before any work; returns the checkpoint to resume from (None for a fresh start).
 
-    ``encoded`` is the new config as draccus writes it; ``dataset`` the fingerprint of the data it names now, checked
+    ``encoded`` is the new config as draccus writes it; ``fingerprint`` that of the dataset it names now, checked
     on a resume against the one the run recorded. Nothing in the folder changes if this raises.
     """
     if resume and overwrite:
@@ -196,7 +196,7 @@ def prepare_run(
             )
         raise ValueError(f"--resume=true but {run / CHECKPOINTS} holds no checkpoint; drop --resume to start fresh")
     _check_unchanged(run, encoded)
-    _check_same_data(run, checkpoint, encoded.get("dataset_root"), dataset)
+    _check_same_data(run, checkpoint, encoded.get("dataset_root"), fingerprint)
     for path in remove_debris(run):
         log(f"removed {path.name}, left by an interrupted save")
     step = read_json(checkpoint / TRAINER_STATE, "checkpoint")["step"]
@@ -234,19 +234,19 @@ def _check_unchanged(run: Path, encoded: dict[str, Any]) -> None:
         )
 
 
-def _check_same_data(run: Path, checkpoint: Path, root: Any, dataset: dict[str, Any] | None) -> None:
+def _check_same_data(run: Path, checkpoint: Path, root: Any, fingerprint: dict[str, Any] | None) -> None:
     """Refuse a resume on data other than the run's own: the same folder re-recorded or extended would mix two
     datasets in one run (its normalisation, tokenizer and split come from the first). A run that recorded no
     fingerprint (made before runs kept one) is not checked."""
     saved = RunFolder(run).dataset
-    if dataset is None or not saved.is_file():
+    if fingerprint is None or not saved.is_file():
         return
     before = read_json(saved, "the run's dataset fingerprint")
-    if before.get("sha256") != dataset.get("sha256"):
+    if before.get("sha256") != fingerprint.get("sha256"):
         raise ValueError(
             f"--resume=true but the dataset at {root} is not the one this run started on: its files changed "
-            f"({before.get('files')} files, sha256 {str(before.get('sha256'))[:12]}... then; {dataset.get('files')} "
-            f"files, sha256 {str(dataset.get('sha256'))[:12]}... now), so a resume would train on two datasets "
+            f"({before.get('files')} files, sha256 {str(before.get('sha256'))[:12]}... then; {fingerprint.get('files')} "
+            f"files, sha256 {str(fingerprint.get('sha256'))[:12]}... now), so a resume would train on two datasets "
             "under the first one's normalisation, tokenizer and split. Train a new run in another --output_dir, or "
             f"fine-tune the last checkpoint's weights on the new data with --policy.path={checkpoint / POLICY}"
         )

@@ -348,16 +348,16 @@ def start_run(run: RunFolder, cfg: TrainConfig, accelerator) -> tuple[dict[str, 
     fingerprint of the dataset (None off the main process); the folder is checked (one run per folder, a resume on
     its own data) by the main process before any work."""
     encoded = draccus.encode(cfg)
-    resume_from, dataset = None, None
+    resume_from, fingerprint = None, None
     if accelerator.is_main_process:
-        dataset = dataset_fingerprint(cfg.dataset_root)
+        fingerprint = dataset_fingerprint(cfg.dataset_root)
         resume_from = prepare_run(
-            run.path, encoded, resume=cfg.resume, overwrite=cfg.overwrite, dataset=dataset, log=print
+            run.path, encoded, resume=cfg.resume, overwrite=cfg.overwrite, fingerprint=fingerprint, log=print
         )
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         resume_from = latest_checkpoint(run.path) if cfg.resume else None
-    return encoded, resume_from, dataset
+    return encoded, resume_from, fingerprint
 
 
 def say_choices(policy: VLAPolicy, encoded: dict[str, Any], accelerator) -> None:
